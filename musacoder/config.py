@@ -1,0 +1,87 @@
+"""Typed settings. Defaults follow the MusaCoder paper where it published a value; the rest are documented choices."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("MUSACODER_CACHE", Path.home() / ".cache" / "musacoder"))
+
+
+@dataclass
+class CorrectnessConfig:
+    seeds: int = 5  # fresh-seed trials on the task's own inputs
+    atol_fp32: float = 1e-4  # KernelBench's current fp32 tolerance
+    atol_half: float = 1e-2  # fp16 / bf16
+    distribution_variants: bool = True  # sign-symmetric and rescaled float inputs
+    rescale_factors: tuple[float, ...] = (8.0,)
+    shape_variants: bool = True  # rescale the task's module-level size constants
+    shape_scale: float = 0.5
+    shape_min_size: int = 8  # ints below this (dims, kernel sizes) are never rescaled
+
+
+@dataclass
+class TimingConfig:
+    warmup: int = 3
+    min_reps: int = 10
+    max_reps: int = 200
+    rse_target: float = 0.01  # stop once the relative standard error of the mean is below 1%
+    budget_s: float = 2.0  # per timed callable, after warm-up
+    input_sets: int = 3  # distinct input sets cycled through timed iterations
+    l2_flush: bool = True
+    baselines: tuple[str, ...] = ("eager", "compile")
+    sol_margin: float = 0.5  # flag a candidate faster than this fraction of the speed-of-light time
+
+
+@dataclass
+class RewardConfig:
+    lam: float = 0.5  # lambda in the paper's eq. 2
+    nu_max: float = 4.0
+
+
+@dataclass
+class VerifyConfig:
+    """How one candidate is verified. `profile='kernelbench'` checks only the task's own inputs and shape."""
+
+    backend: str = "auto"  # auto | cpu | cuda | triton
+    profile: str = "strict"  # strict | kernelbench
+    precision: str = "fp32"  # fp32 | fp16 | bf16
+    timing_enabled: bool = True
+    correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    compile_timeout_s: float = 600.0
+    run_timeout_s: float = 300.0
+    worker_max_jobs: int = 64  # recycle a device worker after this many jobs
+    cache_dir: Path = field(default_factory=default_cache_dir)
+
+    def __post_init__(self):
+        if self.profile not in ("strict", "kernelbench"):
+            raise ValueError(f"profile must be 'strict' or 'kernelbench', not {self.profile!r}")
+        if self.precision not in ("fp32", "fp16", "bf16"):
+            raise ValueError(f"precision must be fp32, fp16 or bf16, not {self.precision!r}")
+        self.cache_dir = Path(self.cache_dir)
+        if self.profile == "kernelbench":
+            self.correctness.distribution_variants = False
+            self.correctness.shape_variants = False
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["cache_dir"] = str(self.cache_dir)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "VerifyConfig":
+        d = dict(d)
+        sub = {"correctness": CorrectnessConfig, "timing": TimingConfig, "reward": RewardConfig}
+        for k, typ in sub.items():
+            if k in d and isinstance(d[k], dict):
+                names = {f.name for f in fields(typ)}
+                d[k] = typ(**{kk: tuple(v) if isinstance(v, list) else v for kk, v in d[k].items() if kk in names})
+        return cls(**d)
+
+    def tolerance(self) -> float:
+        return self.correctness.atol_fp32 if self.precision == "fp32" else self.correctness.atol_half

@@ -1,0 +1,117 @@
+"""A persistent worker process: started in its own process group, killed as a group on timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+
+class WorkerTimeout(RuntimeError):
+    pass
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class WorkerProcess:
+    def __init__(self, role: str, backend: str, cache_dir: Path, env: dict | None = None, max_jobs: int = 64,
+                 start_timeout: float = 300.0):
+        self.role, self.backend, self.cache_dir = role, backend, Path(cache_dir)
+        self.env = env or {}
+        self.max_jobs = max_jobs
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self.jobs = 0
+        self.needs_restart = False
+        self.hello: dict = {}
+        self.log_path = self.cache_dir / "logs" / f"{role}-{os.getpid()}-{id(self)}.log"
+
+    def start(self) -> dict:
+        parent, child = socket.socketpair()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "musacoder.pool.worker", "--role", self.role, "--backend", self.backend,
+             "--fd", str(child.fileno()), "--cache", str(self.cache_dir)],
+            pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+            start_new_session=True)  # own process group: a timeout kills compilers and grandchildren too
+        child.close()
+        log.close()
+        self.conn = Connection(parent.detach())
+        self.jobs = 0
+        try:
+            self.hello = self._recv(self.start_timeout)
+        except (WorkerTimeout, WorkerDied) as e:
+            self.kill()
+            raise WorkerDied(f"{self.role} worker failed to start: {e}") from None
+        return self.hello
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def call(self, job: dict, timeout: float) -> dict:
+        if not self.alive or self.needs_restart or self.jobs >= self.max_jobs:
+            self.restart()
+        self.jobs += 1
+        try:
+            self.conn.send_bytes(json.dumps(job).encode())
+        except OSError:  # the process went away between jobs: not this job's doing, so retry once on a fresh one
+            self.restart()
+            self.conn.send_bytes(json.dumps(job).encode())
+        result = self._recv(timeout)
+        self.needs_restart = bool(result.get("fatal"))
+        return result
+
+    def _recv(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise WorkerTimeout(f"no answer within {timeout:.0f}s")
+            try:
+                if self.conn.poll(min(left, 1.0)):
+                    return json.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                pass
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                self.kill()
+                what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                raise WorkerDied(f"the {self.role} worker died ({what}); log tail: {self.log_tail()}")
+
+    def log_tail(self, n: int = 800) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def restart(self):
+        self.kill()
+        self.needs_restart = False
+        self.start()
+
+    def kill(self):
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.conn is not None:
+            self.conn.close()
+        self.proc, self.conn = None, None

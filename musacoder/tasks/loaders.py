@@ -1,0 +1,95 @@
+"""Load tasks from a .py file, a KernelBench-layout directory, or a JSONL/Parquet file."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from musacoder.tasks.model import Task, TaskLoadError
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+_NAME_RE = re.compile(r"^(\d+)_")
+_LEVEL_RE = re.compile(r"level[_-]?(\d+)$", re.IGNORECASE)
+
+
+def _from_file(path: Path, level: int | None = None) -> Task:
+    m = _NAME_RE.match(path.stem)
+    if level is None:
+        lm = _LEVEL_RE.match(path.parent.name)
+        level = int(lm.group(1)) if lm else None
+    try:
+        code = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskLoadError(f"task {path.stem} ({path}): cannot read: {e}") from e
+    return Task(name=path.stem, code=code, level=level, problem_id=int(m.group(1)) if m else None,
+                source=str(path)).validate()
+
+
+def _from_records(records: list[dict], source: str) -> list[Task]:
+    tasks = []
+    for i, r in enumerate(records):
+        name = r.get("name") or f"record{i}"
+        if not isinstance(r.get("code"), str):
+            raise TaskLoadError(f"task {name} ({source} record {i}): no 'code' string")
+        level = r.get("level")
+        pid = r.get("problem_id")
+        tasks.append(Task(name=str(name), code=r["code"], level=int(level) if level is not None else None,
+                          problem_id=int(pid) if pid is not None else None,
+                          source=f"{source}#{i}").validate())
+    return tasks
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise TaskLoadError(f"task file {path} line {n}: invalid JSON: {e}") from e
+    return records
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:  # optional dependency
+        raise TaskLoadError(f"task file {path}: reading Parquet needs pyarrow (pip install pyarrow)") from e
+    return pq.read_table(path).to_pylist()
+
+
+def load_tasks(path: str | Path, levels: list[int] | None = None, names: list[str] | None = None) -> list[Task]:
+    """Load every task under `path`, optionally keeping some levels or names (substring or 'level1/19_ReLU')."""
+    path = Path(path)
+    if not path.exists():
+        raise TaskLoadError(f"task path {path} does not exist")
+    if path.is_dir():
+        tasks = [_from_file(p) for p in sorted(path.rglob("*.py")) if not p.name.startswith("_")]
+    elif path.suffix == ".py":
+        tasks = [_from_file(path)]
+    elif path.suffix in (".jsonl", ".json"):
+        tasks = _from_records(_read_jsonl(path), str(path))
+    elif path.suffix == ".parquet":
+        tasks = _from_records(_read_parquet(path), str(path))
+    else:
+        raise TaskLoadError(f"task path {path}: expected a .py file, a directory, .jsonl or .parquet")
+    if levels:
+        tasks = [t for t in tasks if t.level in levels]
+    if names:
+        tasks = [t for t in tasks if any(n == t.key or n in t.name for n in names)]
+    tasks.sort(key=lambda t: (t.level or 0, t.problem_id or 0, t.name))
+    return tasks
+
+
+def builtin_tasks() -> list[Task]:
+    """The small tasks the project ships for tests and the demo."""
+    return load_tasks(BUILTIN_DIR)
+
+
+def builtin_task(key: str) -> Task:
+    for t in builtin_tasks():
+        if t.key == key or t.name == key:
+            return t
+    raise TaskLoadError(f"no built-in task {key!r}")

@@ -1,0 +1,1 @@
+"""MooreEval: static checks -> compile -> correctness -> legality -> timing -> reward -> feedback."""

@@ -1,0 +1,247 @@
+"""Static checks on candidate source, on the AST (never regexes on Python), before anything runs.
+
+Cheap first pass: catches structure problems and whole exploit classes (inheritance/alias bypass, threads,
+processes, file writes, monkeypatching, introspection) before compile. Fallbacks are caught at run time by the
+op trace, so honest `try`/`except` and `pass` are fine here. Native sources embedded as strings are scanned for
+threads, processes and file I/O after stripping comments (there is no Python AST for C++).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from musacoder.verifier.verdict import Status
+
+BANNED_MODULES = {
+    "subprocess", "multiprocessing", "threading", "_thread", "concurrent", "asyncio", "ctypes", "cffi", "gc",
+    "inspect", "importlib", "builtins", "socket", "signal", "pty", "shutil", "tempfile", "pickle", "marshal",
+    "torch.multiprocessing",
+}
+BANNED_CALLS = {"exec", "eval", "compile", "__import__", "globals", "vars", "breakpoint", "delattr"}
+BANNED_OS = {
+    "system", "popen", "fork", "forkpty", "kill", "killpg", "remove", "unlink", "rmdir", "removedirs", "rename",
+    "renames", "replace", "chmod", "chown", "write", "truncate", "symlink", "link", "open", "fdopen", "putenv",
+    "posix_spawn", "posix_spawnp", "setsid", "dup2",
+}
+BANNED_DUNDERS = {
+    "__globals__", "__code__", "__closure__", "__subclasses__", "__builtins__", "__bases__", "__mro__",
+    "__setattr__", "__delattr__", "__dict__", "__class__", "__import__", "__loader__", "__spec__",
+    "f_back", "f_globals", "f_locals", "gi_frame", "tb_frame", "cr_frame",
+}
+ALLOWED_BASES = {"nn.Module", "torch.nn.Module", "Module", "torch.nn.modules.module.Module"}
+_NATIVE_BANNED = [
+    (re.compile(r"\bstd\s*::\s*(thread|jthread|async)\b"), "spawns a native thread"),
+    (re.compile(r"\bpthread_create\b"), "spawns a native thread"),
+    (re.compile(r"(?<![\w.])(system|popen|fork|vfork|execv|execvp|execl|execle|posix_spawn)\s*\("), "spawns a process"),
+    (re.compile(r"\b(fopen|freopen|ofstream|fstream|open\s*\(|creat\s*\()"), "touches files"),
+    (re.compile(r"\b(dlopen|dlsym|ptrace|mprotect)\b"), "loads code or patches memory"),
+]
+_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+@dataclass
+class StaticResult:
+    status: Status | None = None  # None: passed
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is None
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _root(node: ast.AST) -> ast.AST:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node
+
+
+class _Checker(ast.NodeVisitor):
+    def __init__(self):
+        self.imported: dict[str, str] = {}  # local name -> module or object path it is bound to
+        self.problems: list[str] = []
+
+    def bad(self, node: ast.AST, msg: str):
+        self.problems.append(f"line {getattr(node, 'lineno', '?')}: {msg}")
+
+    # imports
+    def _check_module(self, node, name: str):
+        for banned in BANNED_MODULES:
+            if name == banned or name.startswith(banned + "."):
+                self.bad(node, f"imports {name}")
+                return
+
+    def visit_Import(self, node: ast.Import):
+        for a in node.names:
+            self._check_module(node, a.name)
+            self.imported[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+
+    def visit_ImportFrom(self, node: ast.ImportFrom):
+        mod = node.module or ""
+        self._check_module(node, mod)
+        for a in node.names:
+            self._check_module(node, f"{mod}.{a.name}")
+            self.imported[a.asname or a.name] = f"{mod}.{a.name}"
+            if mod == "os" and a.name in BANNED_OS:
+                self.bad(node, f"imports os.{a.name}")
+
+    # calls
+    def visit_Call(self, node: ast.Call):
+        name = _dotted(node.func)
+        if isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
+            self.bad(node, f"calls {node.func.id}()")
+        if name:
+            full = self._resolve(name)
+            if full.startswith("os.") and full.split(".")[1] in BANNED_OS or full.startswith(("os.exec", "os.spawn")):
+                self.bad(node, f"calls {full}()")
+            if full in ("setattr", "getattr", "object.__setattr__"):
+                self._check_attr_call(node, full)
+            if full == "open":
+                self._check_open(node)
+            if full.endswith(".write_text") or full.endswith(".write_bytes"):
+                self.bad(node, f"writes a file ({name})")
+        self.generic_visit(node)
+
+    def _check_attr_call(self, node: ast.Call, fn: str):
+        target = node.args[0] if node.args else None
+        is_self = isinstance(target, ast.Name) and target.id == "self"
+        if fn != "getattr":
+            if not is_self:
+                self.bad(node, f"{fn}() on {ast.unparse(target) if target is not None else '?'} (monkeypatching)")
+            return
+        attr = node.args[1] if len(node.args) > 1 else None
+        if not is_self and not (isinstance(attr, ast.Constant) and isinstance(attr.value, str)):
+            self.bad(node, f"getattr() with a computed name on {ast.unparse(target) if target is not None else '?'}")
+
+    def _check_open(self, node: ast.Call):
+        mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        if mode is None:
+            return
+        if not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)) or set(mode.value) & set("wax+"):
+            self.bad(node, "opens a file for writing")
+
+    def _resolve(self, dotted: str) -> str:
+        head, _, rest = dotted.partition(".")
+        base = self.imported.get(head, head)
+        return f"{base}.{rest}" if rest else base
+
+    # writes to module attributes (monkeypatching torch, time, builtins...)
+    def _check_target(self, t: ast.AST):
+        if isinstance(t, (ast.Tuple, ast.List)):
+            for e in t.elts:
+                self._check_target(e)
+            return
+        if isinstance(t, ast.Attribute):
+            root = _root(t)
+            if isinstance(root, ast.Name) and root.id in self.imported:
+                self.bad(t, f"assigns {ast.unparse(t)} (monkeypatching {self.imported[root.id]})")
+        if isinstance(t, ast.Subscript):
+            root = _root(t)
+            if isinstance(root, ast.Name) and root.id in self.imported and _dotted(t.value) != "os.environ":
+                self.bad(t, f"assigns into {ast.unparse(t.value)}")
+
+    def visit_Assign(self, node: ast.Assign):
+        for t in node.targets:
+            self._check_target(t)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign):
+        self._check_target(node.target)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete):
+        for t in node.targets:
+            self._check_target(t)
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute):
+        if node.attr in BANNED_DUNDERS:
+            self.bad(node, f"uses {node.attr} (introspection)")
+        if node.attr in ("_getframe", "settrace", "setprofile", "modules") and _dotted(node.value) == "sys":
+            self.bad(node, f"uses sys.{node.attr}")
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name):
+        if node.id in ("__builtins__", "__loader__"):
+            self.bad(node, f"uses {node.id}")
+
+
+def _native_sources(tree: ast.AST) -> list[str]:
+    """String constants that look like C/C++/CUDA source."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and ("{" in n.value or ";" in n.value):
+            out.append(n.value)
+    return out
+
+
+def check_native(tree: ast.AST) -> list[str]:
+    problems = []
+    for src in _native_sources(tree):
+        code = _COMMENT_RE.sub("", src)
+        for pat, what in _NATIVE_BANNED:
+            m = pat.search(code)
+            if m:
+                problems.append(f"native source {what} ({m.group(0).strip()})")
+    return sorted(set(problems))
+
+
+def _check_modelnew(tree: ast.Module, res: StaticResult) -> None:
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"]
+    aliases = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))
+               and any(isinstance(t, ast.Name) and t.id == "ModelNew"
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    if aliases:
+        res.status = Status.ILLEGAL
+        res.reasons.append(f"line {aliases[0].lineno}: ModelNew is bound by assignment (alias), not defined as a class")
+        return
+    if not classes:
+        res.status = Status.FORMAT_ERROR
+        res.reasons.append("no top-level `class ModelNew` in the candidate")
+        return
+    cls = classes[-1]
+    for b in cls.bases:
+        name = _dotted(b) or ast.unparse(b)
+        if name not in ALLOWED_BASES:
+            res.reasons.append(f"line {cls.lineno}: ModelNew subclasses {name} (must subclass nn.Module only)")
+    for n in ast.walk(cls):
+        if isinstance(n, ast.Name) and n.id == "Model":
+            res.reasons.append(f"line {n.lineno}: ModelNew refers to the reference class Model")
+            break
+    for n in tree.body:  # module-level aliases of the reference, e.g. `Base = Model`
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id == "Model":
+            res.reasons.append(f"line {n.lineno}: aliases the reference class Model")
+
+
+def check_source(code: str) -> StaticResult:
+    res = StaticResult()
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        return StaticResult(Status.FORMAT_ERROR, [f"syntax error line {e.lineno}: {e.msg}"])
+    _check_modelnew(tree, res)
+    if res.status is Status.FORMAT_ERROR:
+        return res
+    checker = _Checker()
+    checker.visit(tree)
+    res.reasons.extend(checker.problems)
+    res.reasons.extend(check_native(tree))
+    if res.reasons:
+        res.status = Status.ILLEGAL
+    return res

@@ -1,0 +1,76 @@
+"""GPU-only checks (run on the device machine): sticky CUDA errors, hung kernels, Triton launch accounting."""
+
+import pytest
+
+from musacoder.config import VerifyConfig
+from musacoder.pool.local import LocalPool
+from musacoder.tasks import builtin_task
+
+pytestmark = pytest.mark.gpu
+
+HEAD = "import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n"
+CU = HEAD + '''
+DECL = "torch::Tensor run(torch::Tensor x);"
+SRC = r"""
+#include <torch/extension.h>
+__global__ void k(const float* x, float* y, long n, int mode) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (mode == 1) { y[i + (1L << 40)] = 1.f; return; }          // illegal address: a sticky error
+    if (mode == 2) { while (true) { __nanosleep(1000); } }        // never returns
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+torch::Tensor run(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    long n = x.numel();
+    k<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n, MODE);
+    return y;
+}
+"""
+ext = load_inline(name="k", cpp_sources=DECL, cuda_sources=SRC.replace("MODE", "%d"), functions=["run"])
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.run(x)
+'''
+TRITON = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+@triton.jit
+def relu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m)
+    tl.store(y_ptr + offs, tl.maximum(x, 0.0), mask=m)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        relu_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
+        return y
+'''
+
+
+def test_sticky_error_and_hang_do_not_lose_other_verdicts(cache_dir):
+    cfg = VerifyConfig(backend="cuda", cache_dir=cache_dir, run_timeout_s=60)
+    cfg.timing.baselines = ("eager",)
+    relu = builtin_task("level1/19_ReLU")
+    cases = [(relu, CU % 1), (relu, CU % 0), (relu, CU % 2), (relu, CU % 0)]
+    with LocalPool(cfg) as pool:
+        v = dict(pool.verify_many(cases))
+    assert v[0].status.value == "runtime_error", v[0].reason
+    assert v[2].status.value == "timeout", v[2].reason
+    for i in (1, 3):
+        assert v[i].status.value == "ok", v[i].reason
+        assert v[i].speedup_eager and v[i].kernel_time_share and v[i].kernel_time_share > 0.5
+
+
+def test_triton_candidate_is_counted_and_timed(cache_dir):
+    cfg = VerifyConfig(backend="triton", cache_dir=cache_dir)
+    with LocalPool(cfg) as pool:
+        v = pool.submit(builtin_task("level1/19_ReLU"), TRITON).result()
+    assert v.status.value == "ok", v.reason
+    assert v.kernel_launches and v.speedup_eager and v.speedup_compile

@@ -1,0 +1,127 @@
+"""Extraction, task loading, comparison, reward and verdict decisions: pure pieces with exact expectations."""
+
+import json
+
+import pytest
+import torch
+
+from musacoder.candidates import ExtractionError, extract_code
+from musacoder.config import VerifyConfig
+from musacoder.tasks import TaskLoadError, builtin_tasks, load_tasks
+from musacoder.verifier.correctness import compare, inputs_unchanged
+from musacoder.verifier.pipeline import decide
+from musacoder.verifier.reward import reward
+from musacoder.verifier.static import StaticResult
+from musacoder.verifier.verdict import Status, Verdict
+
+TASK = "import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def forward(self, x):\n        return x\n" \
+       "def get_inputs():\n    return [torch.rand(4)]\ndef get_init_inputs():\n    return []\n"
+
+
+def test_extract_last_python_block_after_think():
+    raw = ("<think>```python\nclass ModelNew: wrong\n```</think>Here:\n```python\nA = 1\n```\ntext\n"
+           "```python\nclass ModelNew: pass\n```\n```\nplain\n```")
+    assert extract_code(raw).strip() == "class ModelNew: pass"
+
+
+def test_extract_plain_source_and_errors():
+    assert extract_code("class ModelNew: pass\n").startswith("class ModelNew")
+    with pytest.raises(ExtractionError):
+        extract_code("<think>```python\nclass ModelNew: pass\n```</think> sorry, no code")
+    with pytest.raises(ExtractionError):
+        extract_code("```python\nclass ModelNew: pass\n")  # unterminated
+
+
+def test_load_tasks_py_dir_jsonl(tmp_path):
+    d = tmp_path / "level1"
+    d.mkdir()
+    (d / "7_Id.py").write_text(TASK)
+    (tmp_path / "t.jsonl").write_text(json.dumps({"level": 2, "problem_id": 3, "name": "3_X", "code": TASK}) + "\n")
+    [t] = load_tasks(tmp_path, levels=[1])
+    assert (t.level, t.problem_id, t.key) == (1, 7, "level1/7_Id")
+    [j] = load_tasks(tmp_path / "t.jsonl")
+    assert j.key == "level2/3_X"
+    assert len(builtin_tasks()) >= 5
+
+
+def test_bad_tasks_name_the_task(tmp_path):
+    (tmp_path / "9_Broken.py").write_text("class Model:\n    pass\n")
+    with pytest.raises(TaskLoadError, match="9_Broken.*missing get_inputs"):
+        load_tasks(tmp_path / "9_Broken.py")
+    (tmp_path / "b.jsonl").write_text('{"name": "ok", "code": 1}\n')
+    with pytest.raises(TaskLoadError, match="ok"):
+        load_tasks(tmp_path / "b.jsonl")
+    (tmp_path / "c.jsonl").write_text("{not json\n")
+    with pytest.raises(TaskLoadError, match="line 1"):
+        load_tasks(tmp_path / "c.jsonl")
+
+
+def test_compare_structure_and_values():
+    r = torch.tensor([1.0, -2.0, 3.0])
+    assert compare(r.clone(), r, 1e-4).ok
+    assert "shape" in compare(r[:2], r, 1e-4).reason
+    assert "dtype" in compare(r.double(), r, 1e-4).reason
+    assert "all zeros" in compare(torch.zeros(3), r, 1e-4).reason
+    assert "NaN" in compare(torch.tensor([1.0, float("nan"), 3.0]), r, 1e-4).reason
+    bad = compare(torch.tensor([1.0, -2.0, 3.01]), r, 1e-4)
+    assert not bad.ok and bad.where == "index (2,)" and abs(bad.max_abs - 0.01) < 1e-6
+
+    class Lying(torch.Tensor):
+        pass
+
+    assert "not a plain torch.Tensor" in compare(r.clone().as_subclass(Lying), r, 1e-4).reason
+    assert "2 values" in compare((r, r), r, 1e-4).reason or "values" in compare((r, r), r, 1e-4).reason
+
+
+def test_inputs_unchanged():
+    a = [torch.ones(3)]
+    b = [torch.ones(3)]
+    assert inputs_unchanged(a, b) is None
+    b[0][1] = 0
+    assert "input #0" in inputs_unchanged(a, b)
+
+
+@pytest.mark.parametrize("status, q, nu, expected", [
+    (Status.OK, 1.0, 3.0, 2.0),  # 1 + 0.5 * min(2, 4)
+    (Status.OK, 1.0, 20.0, 3.0),  # capped at nu_max = 4
+    (Status.OK, 1.0, 0.5, 1.0),  # slower than the baseline: no bonus, no penalty
+    (Status.INCORRECT, 0.6, None, -0.2),
+    (Status.INCORRECT, 0.0, None, -1.0),
+    (Status.ILLEGAL, 1.0, 5.0, -1.0),
+    (Status.COMPILE_ERROR, 0.0, None, -1.0),
+])
+def test_reward_eq2(status, q, nu, expected):
+    assert reward(status, q, nu) == pytest.approx(expected)
+
+
+def _decide(facts, baseline=None):
+    v = Verdict(status=None, reason="")
+    return decide(v, VerifyConfig(), StaticResult(), None, facts, baseline)
+
+
+def test_decide_orders_legality_before_correctness():
+    trial_ok = {"kind": "seed", "passed": True, "max_abs": 0.0, "mean_abs": 0.0}
+    v = _decide({"trials": [trial_ok], "illegal_ops": ["aten::relu"], "ops": {"aten::relu": 2}, "launches": 1})
+    assert v.status is Status.ILLEGAL and "aten::relu x2" in v.reason and v.reward == -1
+    v = _decide({"trials": [trial_ok], "launches": 0})
+    assert v.status is Status.ILLEGAL and "decoy" in v.reason
+    bad = {"kind": "sign-symmetric inputs", "passed": False, "reason": "mismatch", "max_abs": 1.0, "mean_abs": 0.5}
+    v = _decide({"trials": [trial_ok, bad], "launches": 3})
+    assert v.status is Status.INCORRECT and v.correctness == 0.5 and v.reward == pytest.approx(-0.25)
+    v = _decide({"trials": [trial_ok], "launches": 3, "timing": {"median_ms": 1.0, "rse": 0.01, "reps": 10}},
+                {"eager": {"median_ms": 2.0}, "compile": {"median_ms": 1.5}, "bytes": 4e9, "flops": 0,
+                 "rates": {"bytes_per_s": 1e12, "flops_per_s": 1e12}})
+    assert v.status is Status.OK and v.speedup_eager == 2.0 and v.speedup_compile == 1.5 and v.reward == 1.5
+    assert v.sol_flag and "speed-of-light" in v.reason  # 1 ms < 0.5 * 4 ms floor
+    v = _decide({"trials": [trial_ok], "launches": 3, "spot_check": "timed iteration 4: mismatch"})
+    assert v.status is Status.INCORRECT and v.correctness == 0.5
+    v = _decide({"trials": [{"kind": "seed", "passed": False, "reason": "RuntimeError: x", "error": "tb"}]})
+    assert v.status is Status.RUNTIME_ERROR
+    v = _decide({"integrity": ["time.perf_counter"], "trials": []})
+    assert v.status is Status.ILLEGAL and "time.perf_counter" in v.reason
+
+
+def test_verdict_json_roundtrip():
+    v = _decide({"trials": [{"kind": "seed", "passed": True, "max_abs": 0.0, "mean_abs": 0.0}], "launches": 1})
+    d = json.loads(v.to_json())
+    assert d["status"] == "ok" and Verdict.from_dict(d).status is Status.OK
