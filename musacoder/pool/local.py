@@ -180,7 +180,8 @@ class LocalPool:
         worker.kill()
 
     def _device_loop(self, i: int):
-        env = {} if self.backend == "cpu" else {"CUDA_VISIBLE_DEVICES": str(i)}
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        env = {} if self.backend == "cpu" else {"CUDA_VISIBLE_DEVICES": visible[i] if i < len(visible) else str(i)}
         dev = WorkerProcess("device", self.backend, self.cfg.cache_dir, env=env, max_jobs=self.cfg.worker_max_jobs)
         base = WorkerProcess("baseline", self.backend, self.cfg.cache_dir, env=env, max_jobs=10**9)
         try:
