@@ -88,13 +88,15 @@ class LocalPool:
 
     def verify_many(self, pairs: Iterable[tuple[Task, str]]) -> Iterator[tuple[int, Verdict]]:
         """Yield (index, verdict) as verdicts complete, keeping compile and device tiers busy."""
+        pairs = list(pairs)
         done_q: queue.Queue = queue.Queue()
-        n = 0
-        for i, (task, cand) in enumerate(pairs):
-            fut = self.submit(task, cand, i)
-            fut.add_done_callback(lambda f, i=i: done_q.put((i, f.result())))
-            n += 1
-        for _ in range(n):
+
+        def feed():  # submission blocks when the device queue is full (backpressure); verdicts stream meanwhile
+            for i, (task, cand) in enumerate(pairs):
+                self.submit(task, cand, i).add_done_callback(lambda f, i=i: done_q.put((i, f.result())))
+
+        threading.Thread(target=feed, daemon=True, name="feeder").start()
+        for _ in range(len(pairs)):
             yield done_q.get()
 
     def close(self):
