@@ -56,6 +56,9 @@ class VerifyConfig:
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0
     worker_max_jobs: int = 64  # recycle a device worker after this many jobs
+    # Address-space cap of cpu-backend workers, in GiB (0: none). CUDA workers are not capped this way: the driver
+    # reserves far more virtual memory than it uses.
+    worker_mem_gb: float = 16.0
     cache_dir: Path = field(default_factory=default_cache_dir)
 
     def __post_init__(self):

@@ -43,7 +43,8 @@ IMPORT_RAISES = HEAD + "raise ValueError('at import')\nclass ModelNew(nn.Module)
 OOM = HEAD + '''
 class ModelNew(nn.Module):
     def forward(self, x):
-        return torch.empty(2**62, dtype=torch.uint8)
+        big = torch.ones(2**34, dtype=torch.uint8)  # 16 GiB: over the worker cap
+        return big[: x.numel()].float().view_as(x)
 '''
 
 
@@ -51,7 +52,7 @@ class ModelNew(nn.Module):
 def pool(cache_dir):
     from musacoder.config import VerifyConfig
 
-    cfg = VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False, run_timeout_s=30)
+    cfg = VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False, run_timeout_s=30, worker_mem_gb=8)
     with LocalPool(cfg, compile_workers=1) as p:
         yield p
 

@@ -133,6 +133,8 @@ class LocalPool:
         job.prebuild = self.cache.get("prebuild", pkey)
         if job.prebuild is not None:
             v.stage_seconds["compile"] = 0.0
+            if job.prebuild.get("build_error"):
+                return self._finish(job, job.static)
             self._device_q.put(job)
         else:
             self._compile_q.put((job, pkey))
@@ -183,7 +185,8 @@ class LocalPool:
 
     def _device_loop(self, i: int):
         visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        env = {} if self.backend == "cpu" else {"CUDA_VISIBLE_DEVICES": visible[i] if i < len(visible) else str(i)}
+        env = ({"MUSACODER_WORKER_MEM_GB": str(self.cfg.worker_mem_gb)} if self.backend == "cpu"
+               else {"CUDA_VISIBLE_DEVICES": visible[i] if i < len(visible) else str(i)})
         dev = WorkerProcess("device", self.backend, self.cfg.cache_dir, env=env, max_jobs=self.cfg.worker_max_jobs)
         base = WorkerProcess("baseline", self.backend, self.cfg.cache_dir, env=env, max_jobs=10**9)
         try:

@@ -23,6 +23,11 @@ def main(argv=None):
     ap.add_argument("--cache", required=True)
     args = ap.parse_args(argv)
     conn = Connection(args.fd)
+    mem_gb = float(os.environ.get("MUSACODER_WORKER_MEM_GB", "0"))
+    if mem_gb > 0:  # host-memory cap (cpu backend): an allocation bomb fails inside the candidate, not the node
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (int(mem_gb * 2**30), int(mem_gb * 2**30)))
     # Candidate output must not reach the parent's terminal through our stdout.
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
 

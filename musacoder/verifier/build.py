@@ -125,12 +125,18 @@ class CachedLoadInline:
         with open(self.root / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be building the same key
             cached = so.exists() and (build_dir / "ok").exists()
+            failed = build_dir / "failed"
+            if not cached and failed.exists():  # a known failure is not rebuilt either
+                self.records.append(BuildRecord(key, time.perf_counter() - t0, True, failed.read_text()))
+                raise BuildError(failed.read_text())
             if not cached:
                 arguments.update(name=name, build_directory=str(build_dir), verbose=False)
                 try:
                     _REAL_LOAD_INLINE(**arguments)
                 except Exception as e:  # the compiler's own text is the useful part
                     msg = str(e)
+                    if "Error building extension" in msg:  # the compiler's verdict, not an interrupted build
+                        failed.write_text(msg)
                     self.records.append(BuildRecord(key, time.perf_counter() - t0, False, msg))
                     raise BuildError(msg) from None
                 (build_dir / "ok").touch()
