@@ -13,6 +13,7 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="MusaCoder: LLMs that write native kernels.")
 console = Console()
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _config(backend: str, profile: str, no_timing: bool, seeds: int):
@@ -43,10 +44,10 @@ def verify(task: Path = typer.Option(..., help="Task .py file (KernelBench forma
         tasks = load_tasks(task)
         raw = candidate.read_text()
     except (TaskLoadError, OSError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
     if len(tasks) != 1:
-        console.print(f"[red]error:[/red] {task} holds {len(tasks)} tasks; give one")
+        err.print(f"[red]error:[/red] {task} holds {len(tasks)} tasks; give one")
         raise typer.Exit(2)
     v = run_verify(tasks[0], raw, _config(backend, profile, no_timing, seeds))
     if as_json:

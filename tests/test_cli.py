@@ -32,7 +32,7 @@ def test_verify_json_for_an_illegal_candidate(cache_dir):
 def test_verify_missing_task_is_a_clear_error(tmp_path, cache_dir):
     r = run_cli("verify", "--task", str(tmp_path / "nope.py"), "--candidate", str(tmp_path / "c.py"),
                 cache=cache_dir)
-    assert r.returncode == 2 and "does not exist" in r.stdout
+    assert r.returncode == 2 and "does not exist" in r.stderr
 
 
 def test_tasks_lists_shipped_tasks(cache_dir):
