@@ -1,0 +1,33 @@
+"""Generation clients and the model SPEC the CLI takes.
+
+SPEC: `openai:MODEL@http://host:port/v1` (any OpenAI-compatible server: vLLM, SGLang, ...; without `@URL` the
+server is http://localhost:8000/v1), `hf:/path/to/checkpoint` (local transformers), `replay:/path/to/file.jsonl`
+(or a directory).
+"""
+
+from __future__ import annotations
+
+from musacoder.bench.clients.base import Client, Generation, Request
+from musacoder.bench.clients.replay import ReplayClient, ReplayError
+
+__all__ = ["Client", "Generation", "Request", "ReplayClient", "ReplayError", "make_client"]
+
+
+def make_client(spec: str, concurrency: int = 16, batch_size: int = 8) -> Client:
+    """`concurrency` bounds requests in flight (openai); `batch_size` is the local generation batch (hf)."""
+    kind, _, rest = spec.partition(":")
+    if not rest:
+        raise ValueError(f"model spec {spec!r}: expected openai:MODEL[@URL], hf:PATH or replay:PATH")
+    if kind == "openai":
+        from musacoder.bench.clients.openai import OpenAIClient, OpenAIConfig
+
+        model, at, url = rest.rpartition("@") if "@http" in rest else (rest, "", "")
+        cfg = OpenAIConfig(concurrency=concurrency, **({"base_url": url} if at else {}))
+        return OpenAIClient(model, cfg)
+    if kind == "hf":
+        from musacoder.bench.clients.hf import HFClient, HFConfig
+
+        return HFClient(rest, HFConfig(batch_size=batch_size))
+    if kind == "replay":
+        return ReplayClient(rest)
+    raise ValueError(f"model spec {spec!r}: unknown kind {kind!r} (openai, hf or replay)")

@@ -1,0 +1,76 @@
+"""Local generation with Hugging Face transformers, batched (left padding, sampling settings per batch)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Iterator, Sequence
+
+import torch
+
+from musacoder.bench.clients.base import Client, Generation, Request
+
+
+@dataclass
+class HFConfig:
+    batch_size: int = 8  # sequences generated together
+    device: str = "auto"  # auto: cuda when available, else cpu
+    dtype: str = "auto"  # the checkpoint's own dtype
+
+
+class HFClient(Client):
+    def __init__(self, path: str, config: HFConfig | None = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = config or HFConfig()
+        self.model_id = str(path)
+        device = self.cfg.device if self.cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tok = AutoTokenizer.from_pretrained(path)
+        self.tok.padding_side = "left"  # generation continues from the right end of every row
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.cfg.dtype).to(device).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos if eos is not None else self.tok.eos_token_id])
+
+    def _render(self, messages: list) -> str:
+        if self.tok.chat_template:
+            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return "\n\n".join(m["content"] for m in messages) + "\n\n"
+
+    def generate(self, requests: Sequence[Request]) -> Iterator[tuple[int, Generation]]:
+        order = sorted(range(len(requests)), key=lambda i: (self._params(requests[i]), len(str(requests[i].messages))))
+        for params, group in groupby(order, key=lambda i: self._params(requests[i])):
+            group = list(group)
+            for s in range(0, len(group), self.cfg.batch_size):
+                batch = group[s:s + self.cfg.batch_size]
+                t0 = time.perf_counter()
+                try:
+                    gens = self._batch([requests[i].messages for i in batch], *params)
+                except Exception as e:  # e.g. out of memory: this batch fails, the run goes on
+                    gens = [Generation(error=f"{type(e).__name__}: {str(e)[:1000]}") for _ in batch]
+                for i, g in zip(batch, gens):
+                    g.seconds = time.perf_counter() - t0
+                    yield i, g
+
+    @staticmethod
+    def _params(r: Request) -> tuple[float, float, int]:
+        return (r.temperature, r.top_p, r.max_tokens)
+
+    @torch.inference_mode()
+    def _batch(self, conversations: list, temperature: float, top_p: float, max_tokens: int) -> list[Generation]:
+        texts = [self._render(m) for m in conversations]
+        enc = self.tok(texts, return_tensors="pt", padding=True,
+                       add_special_tokens=not self.tok.chat_template).to(self.model.device)
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else \
+            dict(do_sample=False)
+        out = self.model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=self.tok.pad_token_id, **sampling)
+        gens = []
+        for row, n_prompt in zip(out[:, enc["input_ids"].shape[1]:].tolist(), enc["attention_mask"].sum(1).tolist()):
+            stop = next((k for k, t in enumerate(row) if t in self.eos), None)
+            kept = row if stop is None else row[:stop]
+            gens.append(Generation(text=self.tok.decode(kept, skip_special_tokens=True), prompt_tokens=int(n_prompt),
+                                   completion_tokens=len(kept) + (stop is not None),
+                                   finish_reason="length" if stop is None else "stop"))
+        return gens

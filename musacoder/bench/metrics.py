@@ -1,0 +1,148 @@
+"""Benchmark metrics as small pure functions, and the per-level / overall summary written to metrics.json.
+
+Rates are fractions in [0, 1]. Every rate is a mean over tasks of the per-task fraction of samples, so a task
+counts the same whatever number of its samples finished (with equal samples per task this equals the pooled rate).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from musacoder.bench.store import Row
+
+FAST_PS = (0.0, 0.5, 1.0, 1.5, 2.0)  # KernelBench's fast_p thresholds
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def faster(correct: bool, speedup: float | None, p: float) -> bool:
+    """Correct and measured faster than p x the baseline. An untimed sample is never counted as faster."""
+    return correct and speedup is not None and speedup > p
+
+
+def geomean(xs: Iterable[float]) -> float | None:
+    xs = [x for x in xs if x is not None and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One sample, decided from its verified turns: the best passing turn (fastest vs eager) or else the last."""
+
+    task: str
+    level: int | None
+    status: str
+    compiled: bool  # reached the device: extracted, passed the static checks, built
+    speedup_eager: float | None
+    speedup_compile: float | None
+    first_turn_ok: bool
+    success_turn: int | None  # first turn that passed
+
+    @property
+    def correct(self) -> bool:
+        return self.status == "ok"
+
+
+def outcome(turns: list[Row]) -> Outcome | None:
+    """None while the sample has no verified turn (still to generate or verify)."""
+    done = [r for r in sorted(turns, key=lambda r: r.turn) if r.verified]
+    if not done:
+        return None
+    ok = [r for r in done if r.passed]
+    best = max(ok, key=lambda r: r.verdict.get("speedup_eager") or 0.0) if ok else done[-1]
+    v = best.verdict
+    return Outcome(task=best.task, level=best.level, status=best.status,
+                   compiled="device" in v.get("stage_seconds", {}) and best.status not in ("compile_error",
+                                                                                             "format_error"),
+                   speedup_eager=v.get("speedup_eager"), speedup_compile=v.get("speedup_compile"),
+                   first_turn_ok=done[0].turn == 1 and done[0].passed, success_turn=ok[0].turn if ok else None)
+
+
+def task_mean(outcomes: list[Outcome], pred: Callable[[Outcome], bool]) -> float | None:
+    """Mean over tasks of the fraction of each task's samples for which pred holds."""
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for o in outcomes:
+        by_task[o.task].append(bool(pred(o)))
+    return sum(sum(v) / len(v) for v in by_task.values()) / len(by_task) if by_task else None
+
+
+def pass_at_ks(outcomes: list[Outcome]) -> dict[str, float]:
+    """Pass@k for every k up to the largest sample count, averaged over the tasks with at least k samples."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for o in outcomes:
+        counts[o.task][0] += 1
+        counts[o.task][1] += o.correct
+    top = max((n for n, _ in counts.values()), default=0)
+    out = {}
+    for k in range(1, top + 1):
+        vals = [pass_at_k(n, c, k) for n, c in counts.values() if n >= k]
+        out[str(k)] = sum(vals) / len(vals)
+    return out
+
+
+def summarize(outcomes: list[Outcome], statuses: Counter, threshold: float = 1.1, ps=FAST_PS,
+              multi_turn: bool = False) -> dict:
+    """One block of metrics.json. `statuses` counts every sample's current status, unfinished ones included."""
+    block = {
+        "tasks": len({o.task for o in outcomes}),
+        "samples": len(outcomes),
+        "pass_at_k": pass_at_ks(outcomes),
+        "avg": task_mean(outcomes, lambda o: o.correct),  # Avg@n: mean fraction of a task's samples that pass
+        "faster_rate_eager": task_mean(outcomes, lambda o: faster(o.correct, o.speedup_eager, threshold)),
+        "faster_rate_compile": task_mean(outcomes, lambda o: faster(o.correct, o.speedup_compile, threshold)),
+        "fast_p": {f"{p:g}": task_mean(outcomes, lambda o, p=p: faster(o.correct, o.speedup_eager, p)) for p in ps},
+        "compile_rate": task_mean(outcomes, lambda o: o.compiled),
+        "correct_timed": sum(o.correct and o.speedup_eager is not None for o in outcomes),
+        "geomean_speedup_eager": geomean(o.speedup_eager for o in outcomes if o.correct),
+        "geomean_speedup_compile": geomean(o.speedup_compile for o in outcomes if o.correct),
+        "status": dict(sorted(statuses.items())),
+    }
+    if multi_turn:
+        tts = Counter(str(o.success_turn) if o.success_turn else "never" for o in outcomes)
+        block["multi_turn"] = {"first_turn_accuracy": task_mean(outcomes, lambda o: o.first_turn_ok),
+                               "best_turn_accuracy": task_mean(outcomes, lambda o: o.correct),
+                               "turns_to_success": dict(sorted(tts.items()))}
+    return block
+
+
+def level_name(level: int | None) -> str:
+    return f"level{level}" if level is not None else "unlevelled"
+
+
+def compute_metrics(rows: list[Row], threshold: float = 1.1, ps=FAST_PS, multi_turn: bool = False) -> dict:
+    """Overall and per-level blocks from the store's rows, plus token and time totals."""
+    by_sample: dict[tuple, list[Row]] = defaultdict(list)
+    for r in rows:
+        by_sample[(r.task, r.sample)].append(r)
+    outcomes, statuses = [], Counter()
+    for turns in by_sample.values():
+        o = outcome(turns)
+        if o:
+            outcomes.append(o)
+        # a sample's status is its outcome's, unless a later step is unfinished (generation error, unverified)
+        last = max(turns, key=lambda r: r.turn)
+        statuses[(turns[0].level, last.status if not last.verified else o.status)] += 1
+
+    def block(level_filter) -> dict:
+        sel = [o for o in outcomes if level_filter(o.level)]
+        st = Counter({s: n for (lv, s), n in statuses.items() if level_filter(lv)})
+        return summarize(sel, st, threshold, ps, multi_turn)
+
+    levels = sorted({r.level for r in rows}, key=lambda lv: (lv is None, lv or 0))
+    return {
+        "overall": block(lambda lv: True),
+        "levels": {level_name(lv): block(lambda x, lv=lv: x == lv) for lv in levels},
+        "tokens": {"prompt": sum(r.prompt_tokens or 0 for r in rows),
+                   "completion": sum(r.completion_tokens or 0 for r in rows)},
+        "seconds": {"generation": round(sum(r.gen_seconds or 0 for r in rows), 3),
+                    "verification": round(sum(r.verify_seconds or 0 for r in rows), 3)},
+        "threshold": threshold,
+    }

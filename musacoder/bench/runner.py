@@ -1,0 +1,194 @@
+"""`run_bench`: generate, extract, verify, store; resumable; metrics and report at the end.
+
+Each turn is a pipeline: a thread generates (streaming results into the store) while this thread verifies whatever
+has been generated so far through the verifier's batch API, so the model server and the verifier work at once.
+Turn t+1 of a sample is asked only once turn t has its verdict, with that verdict's feedback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import threading
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+from musacoder.bench import prompts
+from musacoder.bench.clients.base import Client, Generation, Request
+from musacoder.bench.metrics import FAST_PS, compute_metrics
+from musacoder.bench.store import GENERATED, GENERATION_ERROR, Row, Store
+from musacoder.candidates import ExtractionError, extract_code
+from musacoder.config import VerifyConfig
+from musacoder.tasks.model import Task
+from musacoder.verifier.api import verify_many
+
+RETRY_VERDICTS = {"infra_error"}  # the verifier failed, not the candidate: verify again on the next run
+
+
+@dataclass
+class BenchConfig:
+    samples: int = 8  # per task and turn (the paper: 8)
+    temperature: float = 0.7  # the paper's evaluation temperature
+    top_p: float = 1.0  # not published for evaluation; 1.0 leaves sampling to the temperature
+    max_tokens: int = 32768  # the paper's response limit
+    turns: int = 1  # responses per sample; > 1 adds verifier-feedback turns (the paper: up to 3)
+    stop_on_success: bool = True  # no further turn once one passes (the paper); False: ask to optimise instead
+    backend: str = "auto"  # prompt style and verifier backend: auto (cuda if available, else cpu) | cpu | cuda | triton
+    one_shot: bool = True  # include the built-in one-shot example (an elementwise add) in the prompt
+    faster_threshold: float = 1.1  # Faster Rate counts correct samples with speedup above this
+    fast_ps: tuple[float, ...] = FAST_PS
+
+
+def resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if backend not in prompts.STYLES:
+        raise ValueError(f"backend must be auto, {', '.join(prompts.STYLES)}; not {backend!r}")
+    return backend
+
+
+def _prompt_version(backend: str) -> str:
+    parts = [prompts.SYSTEM, prompts.TASK.template, prompts.EXAMPLE.template, prompts.FEEDBACK.template, prompts.FIX,
+             prompts.OPTIMISE, prompts.EXAMPLE_REFERENCE, *asdict(prompts.STYLES[backend]).values()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+def identity(cfg: BenchConfig, client: Client, vcfg: VerifyConfig) -> dict:
+    """What a run's numbers depend on; a resumed run must match it (samples and turns may grow)."""
+    return {"model": client.model_id, "backend": vcfg.backend, "prompt": _prompt_version(vcfg.backend),
+            "temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens,
+            "one_shot": cfg.one_shot, "stop_on_success": cfg.stop_on_success, "profile": vcfg.profile,
+            "precision": vcfg.precision, "timing": vcfg.timing_enabled}
+
+
+def plan(tasks: list[Task], rows: list[Row], cfg: BenchConfig, backend: str, turn: int
+         ) -> tuple[list[Request], list[Row]]:
+    """What turn `turn` still needs: requests to generate, and generated rows to verify."""
+    have = {(r.task, r.sample, r.turn): r for r in rows}
+    gen, ver = [], []
+    for task in tasks:
+        first = None
+        for s in range(cfg.samples):
+            prev = [have.get((task.key, s, k)) for k in range(1, turn)]
+            if not all(p is not None and p.verified for p in prev):
+                continue  # an earlier turn is unfinished: it comes first
+            if cfg.stop_on_success and any(p.passed for p in prev):
+                continue
+            row = have.get((task.key, s, turn))
+            if row is None or row.status == GENERATION_ERROR:
+                first = first or prompts.task_messages(task, backend, cfg.one_shot)
+                msgs = prompts.conversation(first, [(p.raw, p.verdict["feedback"], p.passed) for p in prev])
+                gen.append(Request(task, s, turn, msgs, cfg.temperature, cfg.top_p, cfg.max_tokens))
+            elif row.status == GENERATED or row.status in RETRY_VERDICTS:
+                ver.append(row)
+    return gen, ver
+
+
+def unfinished(tasks: list[Task], rows: list[Row], cfg: BenchConfig, backend: str) -> int:
+    """Samples with a step still to do (never generated, failed generation, unverified, a turn missing)."""
+    todo = set()
+    for turn in range(1, cfg.turns + 1):
+        gen, ver = plan(tasks, rows, cfg, backend, turn)
+        todo |= {(r.task.key, r.sample) for r in gen} | {(r.task, r.sample) for r in ver}
+    return len(todo)
+
+
+def _code(text: str) -> str | None:
+    try:
+        return extract_code(text)
+    except ExtractionError:
+        return None
+
+
+def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, Task], client: Client, store: Store,
+              vcfg: VerifyConfig, progress: Progress) -> None:
+    ready: queue.Queue = queue.Queue()  # (task, sample, raw) waiting for verification; None: generation ended
+    stop = threading.Event()
+    gbar = progress.add_task(f"turn {turn}: generate", total=len(gen))
+    vbar = progress.add_task(f"turn {turn}: verify", total=len(ver))
+    failures = 0
+
+    def produce():
+        nonlocal failures
+        left = set(range(len(gen)))
+        try:
+            for i, g in client.generate(gen):
+                if stop.is_set():
+                    return
+                r = gen[i]
+                store.put_generation(r.task.key, r.task.level, r.sample, turn, r.messages, g,
+                                     None if g.error else _code(g.text))
+                left.discard(i)
+                failures += bool(g.error)
+                progress.update(gbar, advance=1, description=f"turn {turn}: generate"
+                                + (f" [red]({failures} failed)[/red]" if failures else ""))
+                if not g.error:
+                    progress.update(vbar, total=progress.tasks[vbar].total + 1)
+                    ready.put((r.task, r.sample, g.text))
+        except Exception as e:  # a client bug must not lose the run: what it did not answer is recorded as failed
+            if not stop.is_set():
+                for i in left:
+                    r = gen[i]
+                    store.put_generation(r.task.key, r.task.level, r.sample, turn, r.messages,
+                                         Generation(error=f"client failed: {type(e).__name__}: {e}"), None)
+        finally:
+            ready.put(None)
+
+    items = [(by_key[r.task], r.sample, r.raw) for r in ver]
+    generating = bool(gen)
+    if generating:
+        threading.Thread(target=produce, daemon=True, name="bench-generate").start()
+    try:
+        while items or generating:
+            if not items:  # wait for the next generation, then take everything already there
+                item = ready.get()
+                items += [item] if item else []
+                generating = item is not None
+            while generating and not ready.empty():
+                item = ready.get()
+                items += [item] if item else []
+                generating = item is not None
+            batch, items = items, []
+            for i, v in verify_many([(t, raw) for t, _, raw in batch], vcfg):
+                task, sample, _ = batch[i]
+                store.put_verdict(task.key, sample, turn, v)
+                progress.update(vbar, advance=1)
+    finally:
+        stop.set()
+
+
+def run_bench(tasks: list[Task], client: Client, out_dir: str | Path, config: BenchConfig | None = None,
+              verify: VerifyConfig | None = None, console: Console | None = None, **overrides) -> dict:
+    """Run (or resume) a benchmark into `out_dir`; return the metrics also written to `out_dir/metrics.json`.
+
+    `overrides` are BenchConfig fields, e.g. `run_bench(tasks, client, out, samples=8, turns=3)`.
+    """
+    from musacoder.bench.report import write_report
+
+    cfg = replace(config or BenchConfig(), **overrides)
+    vcfg = replace(verify or VerifyConfig(), backend=resolve_backend(cfg.backend))
+    out = Path(out_dir)
+    store = Store(out / "samples.sqlite")
+    try:
+        ident = identity(cfg, client, vcfg)
+        store.check_identity(ident)
+        by_key = {t.key: t for t in tasks}
+        with Progress(console=console, transient=False) as progress:
+            for turn in range(1, cfg.turns + 1):
+                gen, ver = plan(tasks, store.rows(), cfg, vcfg.backend, turn)
+                if gen or ver:
+                    _run_turn(turn, gen, ver, by_key, client, store, vcfg, progress)
+        rows = [r for r in store.rows() if r.task in by_key]
+        metrics = compute_metrics(rows, cfg.faster_threshold, cfg.fast_ps, multi_turn=cfg.turns > 1)
+        metrics["unfinished"] = unfinished(tasks, rows, cfg, vcfg.backend)
+        metrics["run"] = {**ident, "samples": cfg.samples, "turns": cfg.turns, "tasks": len(tasks)}
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        write_report(out, metrics, rows)
+        return metrics
+    finally:
+        store.close()
