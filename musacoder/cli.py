@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="MusaCoder: LLMs that write native kernels.")
@@ -54,11 +55,11 @@ def verify(task: Path = typer.Option(..., help="Task .py file (KernelBench forma
         sys.stdout.write(v.to_json() + "\n")
         return
     colour = "green" if v.passed else "red"
-    console.print(f"[bold {colour}]{v.status.value}[/]  {v.reason}")
+    console.print(f"[bold {colour}]{v.status.value}[/]  {escape(v.reason)}")
     console.print(f"correctness {v.trials_passed}/{v.trials_total}  reward {v.reward:.3f}  "
                   f"speedup eager {_fmt(v.speedup_eager, '.2f', 'x')}  compile {_fmt(v.speedup_compile, '.2f', 'x')}  "
                   f"device {v.device}")
-    console.print("[dim]" + v.feedback + "[/dim]")
+    console.print("[dim]" + escape(v.feedback) + "[/dim]")
 
 
 @app.command()
@@ -109,7 +110,7 @@ def demo(backend: str = typer.Option("auto", help="auto picks cuda when a GPU is
         matched += ok
         table.add_row(e.name, e.task, "honest" if e.honest else str(e.threat),
                       f"[{'green' if v.passed else 'red'}]{v.status.value}[/]",
-                      ("" if ok else "[bold red]!= [/]") + e.expect, v.reason[:120],
+                      ("" if ok else "[bold red]!= [/]") + e.expect, escape(v.reason[:160]),
                       _fmt(v.speedup_eager), _fmt(v.speedup_compile), f"{v.reward:.2f}")
     console.print(table)
     console.print(f"{matched}/{len(examples)} verdicts as expected")

@@ -30,7 +30,7 @@ class TimingConfig:
     max_reps: int = 200
     rse_target: float = 0.01  # stop once the relative standard error of the mean is below 1%
     budget_s: float = 2.0  # per timed callable, after warm-up
-    input_sets: int = 3  # distinct input sets cycled through timed iterations
+    input_sets: int = 3  # distinct input sets cycled through two buffer slots (odd, so contents move between slots)
     l2_flush: bool = True
     baselines: tuple[str, ...] = ("eager", "compile")
     sol_margin: float = 0.5  # flag a candidate faster than this fraction of the speed-of-light time

@@ -117,13 +117,18 @@ def level_name(level: int | None) -> str:
     return f"level{level}" if level is not None else "unlevelled"
 
 
+def by_sample(rows: list[Row]) -> list[list[Row]]:
+    """The store's rows grouped per (task, sample)."""
+    groups: dict[tuple, list[Row]] = defaultdict(list)
+    for r in rows:
+        groups[(r.task, r.sample)].append(r)
+    return list(groups.values())
+
+
 def compute_metrics(rows: list[Row], threshold: float = 1.1, ps=FAST_PS, multi_turn: bool = False) -> dict:
     """Overall and per-level blocks from the store's rows, plus token and time totals."""
-    by_sample: dict[tuple, list[Row]] = defaultdict(list)
-    for r in rows:
-        by_sample[(r.task, r.sample)].append(r)
     outcomes, statuses = [], Counter()
-    for turns in by_sample.values():
+    for turns in by_sample(rows):
         o = outcome(turns)
         if o:
             outcomes.append(o)

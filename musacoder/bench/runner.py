@@ -111,10 +111,10 @@ def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, T
     stop = threading.Event()
     gbar = progress.add_task(f"turn {turn}: generate", total=len(gen))
     vbar = progress.add_task(f"turn {turn}: verify", total=len(ver))
-    failures = 0
+    failures, to_verify = 0, len(ver)
 
     def produce():
-        nonlocal failures
+        nonlocal failures, to_verify
         left = set(range(len(gen)))
         try:
             for i, g in client.generate(gen):
@@ -128,7 +128,8 @@ def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, T
                 progress.update(gbar, advance=1, description=f"turn {turn}: generate"
                                 + (f" [red]({failures} failed)[/red]" if failures else ""))
                 if not g.error:
-                    progress.update(vbar, total=progress.tasks[vbar].total + 1)
+                    to_verify += 1
+                    progress.update(vbar, total=to_verify)
                     ready.put((r.task, r.sample, g.text))
         except Exception as e:  # a client bug must not lose the run: what it did not answer is recorded as failed
             if not stop.is_set():
@@ -183,7 +184,7 @@ def run_bench(tasks: list[Task], client: Client, out_dir: str | Path, config: Be
                 gen, ver = plan(tasks, store.rows(), cfg, vcfg.backend, turn)
                 if gen or ver:
                     _run_turn(turn, gen, ver, by_key, client, store, vcfg, progress)
-        rows = [r for r in store.rows() if r.task in by_key]
+        rows = [r for r in store.rows() if r.task in by_key and r.sample < cfg.samples and r.turn <= cfg.turns]
         metrics = compute_metrics(rows, cfg.faster_threshold, cfg.fast_ps, multi_turn=cfg.turns > 1)
         metrics["unfinished"] = unfinished(tasks, rows, cfg, vcfg.backend)
         metrics["run"] = {**ident, "samples": cfg.samples, "turns": cfg.turns, "tasks": len(tasks)}

@@ -72,7 +72,8 @@ class Store:
         self._lock = threading.Lock()
 
     def close(self):
-        self.db.close()
+        with self._lock:
+            self.db.close()
 
     def check_identity(self, identity: dict) -> None:
         """Record the settings that define the run's numbers, or refuse if the directory holds another run."""

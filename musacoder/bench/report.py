@@ -1,0 +1,168 @@
+"""report.md with the paper's table and per-level details, PNG plots, and a side-by-side comparison of two runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from musacoder.bench.metrics import faster, outcome, by_sample, task_mean
+from musacoder.bench.store import Row
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f}"
+
+
+def _x(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _blocks(m: dict) -> list[tuple[str, dict]]:
+    return [("overall", m["overall"]), *m["levels"].items()]
+
+
+def paper_table(m: dict) -> str:
+    """The MusaCoder paper's columns, in percent: Pass@n, Avg@n, Faster Rate vs eager and vs torch.compile."""
+    n = m["run"]["samples"]
+    rows = [[name, pct(b["pass_at_k"].get(str(n))), pct(b["avg"], 2), pct(b["faster_rate_eager"]),
+             pct(b["faster_rate_compile"])] for name, b in _blocks(m)]
+    return _table(["", f"Pass@{n}", f"Avg@{n}", "Faster vs eager", "Faster vs compile"], rows)
+
+
+def detail_table(m: dict) -> str:
+    n = m["run"]["samples"]
+    ps = list(m["overall"]["fast_p"])
+    header = ["", "tasks", "samples", "Pass@1", f"Pass@{n}", f"Avg@{n}", "compiled"] + [f"fast_{p}" for p in ps] \
+        + ["geomean vs eager", "geomean vs compile"]
+    rows = [[name, str(b["tasks"]), str(b["samples"]), pct(b["pass_at_k"].get("1")), pct(b["pass_at_k"].get(str(n))),
+             pct(b["avg"], 2), pct(b["compile_rate"])] + [pct(b["fast_p"][p]) for p in ps]
+            + [_x(b["geomean_speedup_eager"]), _x(b["geomean_speedup_compile"])] for name, b in _blocks(m)]
+    return _table(header, rows)
+
+
+def multi_turn_table(m: dict) -> str:
+    turns = [str(t) for t in range(1, m["run"]["turns"] + 1)]
+    rows = []
+    for name, b in _blocks(m):
+        mt = b["multi_turn"]
+        rows.append([name, pct(mt["first_turn_accuracy"]), pct(mt["best_turn_accuracy"])]
+                    + [str(mt["turns_to_success"].get(t, 0)) for t in turns + ["never"]])
+    return _table(["", "first-turn accuracy", "best-turn accuracy"] + [f"solved at turn {t}" for t in turns]
+                  + ["never solved"], rows)
+
+
+def status_table(m: dict) -> str:
+    blocks = _blocks(m)
+    names = sorted({s for _, b in blocks for s in b["status"]})
+    return _table(["status"] + [n for n, _ in blocks], [[s] + [str(b["status"].get(s, 0)) for _, b in blocks]
+                                                       for s in names])
+
+
+def plot(out: Path, m: dict, rows: list[Row]) -> list[str]:
+    """fast_p curves, per-level bars, status breakdown; returns the PNG names written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    outcomes = [o for o in map(outcome, by_sample(rows)) if o]
+    ps = [i / 20 for i in range(0, 61)]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for attr, label in (("speedup_eager", "vs eager"), ("speedup_compile", "vs torch.compile")):
+        ys = [task_mean(outcomes, lambda o, p=p: faster(o.correct, getattr(o, attr), p)) or 0.0 for p in ps]
+        ax.plot(ps, [100 * y for y in ys], label=label)
+    ax.set(xlabel="speedup threshold p", ylabel="fast_p (%)", title="fast_p: correct and faster than p")
+    ax.legend()
+    fig.savefig(out / "fast_p.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+    n = m["run"]["samples"]
+    levels = list(m["levels"].items())
+    series = [(f"Pass@{n}", lambda b: b["pass_at_k"].get(str(n))), (f"Avg@{n}", lambda b: b["avg"]),
+              ("Faster vs eager", lambda b: b["faster_rate_eager"])]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / len(series)
+    for j, (label, get) in enumerate(series):
+        ax.bar([i + j * width for i in range(len(levels))], [100 * (get(b) or 0) for _, b in levels], width,
+               label=label)
+    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(levels))], [name for name, _ in levels])
+    ax.set(ylabel="%", title="per level")
+    ax.legend()
+    fig.savefig(out / "levels.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+    status = m["overall"]["status"]
+    fig, ax = plt.subplots(figsize=(6, 0.4 * len(status) + 1))
+    ax.barh(list(status), list(status.values()))
+    ax.set(xlabel="samples", title="status breakdown")
+    fig.savefig(out / "status.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return ["fast_p.png", "levels.png", "status.png"]
+
+
+def write_report(out: Path, m: dict, rows: list[Row]) -> None:
+    r = m["run"]
+    parts = [f"# Benchmark: {r['model']}", "",
+             f"{r['tasks']} tasks, {r['samples']} samples per task, temperature {r['temperature']}, "
+             f"{r['turns']} turn(s), backend {r['backend']}, profile {r['profile']}, precision {r['precision']}, "
+             f"timing {'on' if r['timing'] else 'off'}; Faster Rate threshold {m['threshold']}x.", ""]
+    if m["unfinished"]:
+        parts += [f"**{m['unfinished']} samples are unfinished** (failed generation or missing steps): run the same "
+                  "command again to finish them.", ""]
+    parts += ["## Results (%)", "", paper_table(m), "", "## Details (%)", "", detail_table(m), ""]
+    if r["turns"] > 1:
+        parts += ["## Multi-turn", "", multi_turn_table(m), ""]
+    parts += ["## Status breakdown (samples)", "", status_table(m), ""]
+    try:
+        parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plot(out, m, rows)] + [""]
+    except ImportError:
+        parts += ["(plots skipped: matplotlib is not installed)", ""]
+    tok, sec = m["tokens"], m["seconds"]
+    parts += [f"Tokens: {tok['prompt']} prompt, {tok['completion']} completion. Summed over samples: "
+              f"{sec['generation']:.0f} s generating, {sec['verification']:.0f} s verifying.", ""]
+    (out / "report.md").write_text("\n".join(parts))
+
+
+def load_metrics(run_dir: str | Path) -> dict:
+    path = Path(run_dir) / "metrics.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: finish the run with `musacoder bench run` first")
+    return json.loads(path.read_text())
+
+
+def compare(run_a: str | Path, run_b: str | Path) -> str:
+    """Markdown with two runs side by side (percent, B - A in points) for the overall and each shared level."""
+    a, b = load_metrics(run_a), load_metrics(run_b)
+    na, nb = a["run"]["samples"], b["run"]["samples"]
+    ps = [p for p in a["overall"]["fast_p"] if p in b["overall"]["fast_p"]]
+    n_label = str(na) if na == nb else "n"
+    metrics = [("Pass@1", lambda x, n: x["pass_at_k"].get("1")),
+               (f"Pass@{n_label}", lambda x, n: x["pass_at_k"].get(str(n))),
+               (f"Avg@{n_label}", lambda x, n: x["avg"]),
+               ("Faster vs eager", lambda x, n: x["faster_rate_eager"]),
+               ("Faster vs compile", lambda x, n: x["faster_rate_compile"]),
+               ("compiled", lambda x, n: x["compile_rate"])] + \
+        [(f"fast_{p}", lambda x, n, p=p: x["fast_p"][p]) for p in ps]
+    parts = [f"# {Path(run_a).name} vs {Path(run_b).name}", "",
+             f"- A: `{a['run']['model']}` ({run_a}), n = {na}", f"- B: `{b['run']['model']}` ({run_b}), n = {nb}"]
+    skip = {"model", "tasks"}
+    diff = {k: (a["run"].get(k), v) for k, v in b["run"].items() if k not in skip and a["run"].get(k) != v}
+    if diff:
+        parts.append("- settings differ: " + ", ".join(f"{k} {x!r} vs {y!r}" for k, (x, y) in diff.items()))
+    blocks = [("overall", a["overall"], b["overall"])] + \
+        [(lv, a["levels"][lv], b["levels"][lv]) for lv in a["levels"] if lv in b["levels"]]
+    for name, xa, xb in blocks:
+        rows = []
+        for label, get in metrics:
+            va, vb = get(xa, na), get(xb, nb)
+            delta = "-" if va is None or vb is None else f"{100 * (vb - va):+.1f}"
+            rows.append([label, pct(va), pct(vb), delta])
+        rows.append(["geomean vs eager", _x(xa["geomean_speedup_eager"]), _x(xb["geomean_speedup_eager"]), ""])
+        rows.append(["tasks / samples", f"{xa['tasks']} / {xa['samples']}", f"{xb['tasks']} / {xb['samples']}", ""])
+        parts += ["", f"## {name} (%)", "", _table(["metric", "A", "B", "B - A"], rows)]
+    return "\n".join(parts) + "\n"
