@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from musacoder.bench.metrics import faster, outcome, by_sample, task_mean
+from musacoder.bench.metrics import by_sample, faster, outcome, task_mean
 from musacoder.bench.store import Row
 
 
@@ -71,10 +71,10 @@ def plot(out: Path, m: dict, rows: list[Row]) -> list[str]:
     import matplotlib.pyplot as plt
 
     outcomes = [o for o in map(outcome, by_sample(rows)) if o]
-    ps = [i / 20 for i in range(0, 61)]
+    ps = [i / 20 for i in range(61)]
     fig, ax = plt.subplots(figsize=(6, 4))
     for attr, label in (("speedup_eager", "vs eager"), ("speedup_compile", "vs torch.compile")):
-        ys = [task_mean(outcomes, lambda o, p=p: faster(o.correct, getattr(o, attr), p)) or 0.0 for p in ps]
+        ys = [task_mean(outcomes, lambda o, p=p, a=attr: faster(o.correct, getattr(o, a), p)) or 0.0 for p in ps]
         ax.plot(ps, [100 * y for y in ys], label=label)
     ax.set(xlabel="speedup threshold p", ylabel="fast_p (%)", title="fast_p: correct and faster than p")
     ax.legend()

@@ -42,6 +42,7 @@ class BenchConfig:
     one_shot: bool = True  # include the built-in one-shot example (an elementwise add) in the prompt
     faster_threshold: float = 1.1  # Faster Rate counts correct samples with speedup above this
     fast_ps: tuple[float, ...] = FAST_PS
+    seed: int = 0  # base of the per-request sampling seeds
 
 
 def resolve_backend(backend: str) -> str:
@@ -62,8 +63,12 @@ def identity(cfg: BenchConfig, client: Client, vcfg: VerifyConfig) -> dict:
     """What a run's numbers depend on; a resumed run must match it (samples and turns may grow)."""
     return {"model": client.model_id, "backend": vcfg.backend, "prompt": _prompt_version(vcfg.backend),
             "temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens,
-            "one_shot": cfg.one_shot, "stop_on_success": cfg.stop_on_success, "profile": vcfg.profile,
-            "precision": vcfg.precision, "timing": vcfg.timing_enabled}
+            "seed": cfg.seed, "one_shot": cfg.one_shot, "stop_on_success": cfg.stop_on_success,
+            "profile": vcfg.profile, "precision": vcfg.precision, "timing": vcfg.timing_enabled}
+
+
+def request_seed(base: int, task: str, sample: int, turn: int) -> int:
+    return int(hashlib.sha256(f"{base}|{task}|{sample}|{turn}".encode()).hexdigest()[:8], 16)
 
 
 def plan(tasks: list[Task], rows: list[Row], cfg: BenchConfig, backend: str, turn: int
@@ -83,7 +88,8 @@ def plan(tasks: list[Task], rows: list[Row], cfg: BenchConfig, backend: str, tur
             if row is None or row.status == GENERATION_ERROR:
                 first = first or prompts.task_messages(task, backend, cfg.one_shot)
                 msgs = prompts.conversation(first, [(p.raw, p.verdict["feedback"], p.passed) for p in prev])
-                gen.append(Request(task, s, turn, msgs, cfg.temperature, cfg.top_p, cfg.max_tokens))
+                gen.append(Request(task, s, turn, msgs, cfg.temperature, cfg.top_p, cfg.max_tokens,
+                                   request_seed(cfg.seed, task.key, s, turn)))
             elif row.status == GENERATED or row.status in RETRY_VERDICTS:
                 ver.append(row)
     return gen, ver

@@ -18,6 +18,7 @@ class Request:
     temperature: float
     top_p: float
     max_tokens: int
+    seed: int  # per (task, sample, turn): servers that honour seeds (vLLM, SGLang) then reproduce the sample
 
 
 @dataclass

@@ -46,6 +46,7 @@ class HFClient(Client):
             for s in range(0, len(group), self.cfg.batch_size):
                 batch = group[s:s + self.cfg.batch_size]
                 t0 = time.perf_counter()
+                torch.manual_seed(requests[batch[0]].seed)  # reproducible for the same batches
                 try:
                     gens = self._batch([requests[i].messages for i in batch], *params)
                 except Exception as e:  # e.g. out of memory: this batch fails, the run goes on

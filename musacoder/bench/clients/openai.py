@@ -75,7 +75,7 @@ class OpenAIClient(Client):
     async def complete(self, http: httpx.AsyncClient, req: Request) -> Generation:
         """One chat completion with retries; never raises."""
         body = {"model": self.model, "messages": req.messages, "temperature": req.temperature, "top_p": req.top_p,
-                "max_tokens": req.max_tokens}
+                "max_tokens": req.max_tokens, "seed": req.seed}
         t0 = time.perf_counter()
         error = ""
         for attempt in range(1, self.cfg.retries + 2):
