@@ -7,9 +7,11 @@ import torch
 from musacoder.backends.base import Backend, Timer
 
 # Kernel-name fragments of PyTorch's and vendor libraries' own kernels; everything else is the candidate's.
-LIBRARY_KERNELS = ("at::", "at_cuda_detail", "cutlass", "cublas", "cudnn", "sm90_xmma", "sm80_xmma", "ampere_",
-                   "volta_", "turing_", "hopper_", "gemm", "gemv", "Memcpy", "Memset", "triton_", "nvjet", "elementwise",
-                   "reduce_kernel", "vectorized", "unrolled_elementwise", "splitKreduce", "cutensor")
+# (Specific prefixes only: a candidate's own kernel may well be called `gemm_kernel`.)
+LIBRARY_KERNELS = ("at::", "at_cuda_detail", "c10::", "cutlass", "cublas", "cudnn", "xmma", "ampere_", "volta_",
+                   "turing_", "hopper_", "sm80_", "sm90_", "sm100_", "gemmSN", "gemmk1", "gemv2", "gemvx", "dot_kernel",
+                   "Memcpy", "Memset", "triton_poi", "triton_red", "triton_per", "triton_tem", "nvjet", "splitKreduce",
+                   "cutensor", "cufft", "curand")
 _FATAL = ("illegal memory access", "device-side assert", "unspecified launch failure", "illegal instruction",
           "misaligned address", "an illegal", "CUDA error: unknown error", "uncorrectable ECC", "context is destroyed",
           "launch timed out", "not permitted when stream is capturing")

@@ -138,7 +138,10 @@ def compute_metrics(rows: list[Row], threshold: float = 1.1, ps=FAST_PS, multi_t
 
     def block(level_filter) -> dict:
         sel = [o for o in outcomes if level_filter(o.level)]
-        st = Counter({s: n for (lv, s), n in statuses.items() if level_filter(lv)})
+        st = Counter()
+        for (lv, s), n in statuses.items():
+            if level_filter(lv):
+                st[s] += n
         return summarize(sel, st, threshold, ps, multi_turn)
 
     levels = sorted({r.level for r in rows}, key=lambda lv: (lv is None, lv or 0))

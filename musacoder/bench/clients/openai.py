@@ -34,6 +34,11 @@ class Transient(Exception):
     """A failure worth retrying (5xx, 429, malformed body)."""
 
 
+async def _drain(cancelled: set, http: httpx.AsyncClient) -> None:
+    await asyncio.gather(*cancelled, return_exceptions=True)
+    await http.aclose()
+
+
 class OpenAIClient(Client):
     def __init__(self, model: str, config: OpenAIConfig | None = None):
         self.model = self.model_id = model
@@ -54,10 +59,9 @@ class OpenAIClient(Client):
                 for job in done:
                     yield jobs[job], job.result()
         finally:
-            for job in pending:
+            for job in pending:  # the consumer stopped early: drop what is still in flight
                 job.cancel()
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(http.aclose())
+            loop.run_until_complete(_drain(pending, http))
             loop.close()
 
     async def _open(self) -> httpx.AsyncClient:
