@@ -138,6 +138,8 @@ class Worker:
         if self._rates is None:
             self._rates = self.backend.peak_rates()
         facts["rates"] = self._rates
+        # What the protocol costs on its own (sync, events, launch of nothing): the floor under every timing.
+        facts["timer_floor"] = time_callable(lambda *a: None, sets, self.backend, cfg.timing).to_dict()
         for kind in cfg.timing.baselines:
             with _stage(facts, kind):
                 try:

@@ -105,6 +105,8 @@ def _apply_baseline(v: Verdict, cfg, baseline: dict) -> None:
     if baseline.get("rates"):
         v.sol_ms = speed_of_light_ms(baseline.get("bytes", 0), baseline.get("flops", 0.0), baseline["rates"])
         v.sol_flag = bool(v.candidate_ms is not None and v.candidate_ms < cfg.timing.sol_margin * v.sol_ms)
+    if baseline.get("timer_floor"):
+        v.details["timer_floor_ms"] = baseline["timer_floor"]["median_ms"]
     for k in ("eager_error", "compile_error", "error"):
         if baseline.get(k):
             v.details[f"baseline_{k}"] = baseline[k][-500:]
