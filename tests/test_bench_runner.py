@@ -176,9 +176,14 @@ def test_cli_interrupted_and_resumed(tmp_path, cache_dir):
     finally:
         server.close()
 
-    r = subprocess.run(_cli(*_run_args(f"openai:m@{dead_url()}", tmp_path / "down")), env=env, capture_output=True,
-                       text=True, timeout=120)
+    refusing = FakeServer(lambda body: (400, "model not found"))  # not transient: failed at once, not retried
+    try:
+        r = subprocess.run(_cli(*_run_args(f"openai:m@{refusing.url}", tmp_path / "down")), env=env,
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        refusing.close()
     assert r.returncode == 1 and "10 samples unfinished" in r.stderr
+    assert "generation_error" in (tmp_path / "down" / "report.md").read_text()
     r = subprocess.run(_cli(*_run_args("nonsense", tmp_path / "bad")), env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "model spec" in r.stderr

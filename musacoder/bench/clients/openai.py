@@ -26,7 +26,7 @@ class OpenAIConfig:
     connect_timeout_s: float = 10.0
     # After this many consecutive requests end unreachable, skip the rest (recorded as errors, retried next run)
     # instead of spending every request's full retry budget against a dead server.
-    dead_after: int = 8
+    dead_after: int = 4
     api_key: str | None = None  # default: $OPENAI_API_KEY
 
 
