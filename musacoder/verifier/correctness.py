@@ -30,6 +30,9 @@ def _leaves(obj, path="out"):
         yield path, obj
 
 
+CHUNK = 1 << 24  # elements compared at a time: bounded extra memory on multi-GB outputs
+
+
 def compare(out, ref, tol: float) -> Comparison:
     """atol = rtol = tol; NaN/Inf must match the reference's; all-zero output against non-zero reference fails."""
     outs, refs = list(_leaves(out)), list(_leaves(ref))
@@ -51,37 +54,50 @@ def compare(out, ref, tol: float) -> Comparison:
             return Comparison(False, f"{path} is on {o.device}, expected {r.device}")
         if o.numel() == 0:
             continue
-        of, rf = o.detach().double(), r.detach().double()
-        ofin, rfin = _isfinite(of), _isfinite(rf)
-        if not _equal(ofin, rfin):
-            bad = int((ofin != rfin).sum())
-            return Comparison(False, f"{path} has {bad} NaN/Inf values where the reference differs")
-        if not bool(rfin.all()) and not _equal(of[~rfin].nan_to_num(), rf[~rfin].nan_to_num()):
-            return Comparison(False, f"{path} non-finite values differ from the reference's")
-        of, rf = of[rfin], rf[rfin]
-        if of.numel() and not bool(of.any()) and bool(rf.any()):
-            return Comparison(False, f"{path} is all zeros but the reference is not")
-        diff = (of - rf).abs()
-        mx = float(diff.max()) if diff.numel() else 0.0
-        mean = float(diff.mean()) if diff.numel() else 0.0
-        close = _isclose(of, rf, rtol=tol, atol=tol)
-        if not bool(close.all()):
-            idx = int((diff - tol * rf.abs()).argmax())
-            where = _unravel(idx, o, rfin)
-            return Comparison(False, f"{path} mismatch: max abs error {mx:.3g}, mean {mean:.3g}, "
-                              f"{int((~close).sum())}/{close.numel()} elements over tolerance {tol:g}, worst at {where}",
-                              mx, mean, where)
-        if mx >= (worst.max_abs or 0.0):
-            worst = Comparison(True, max_abs=mx, mean_abs=mean)
+        res = _compare_tensor(path, o.detach().reshape(-1), r.detach().reshape(-1), tol, o.shape)
+        if not res.ok:
+            return res
+        if res.max_abs >= (worst.max_abs or 0.0):
+            worst = res
     return worst
 
 
-def _unravel(flat_idx: int, t: torch.Tensor, mask: torch.Tensor) -> str:
-    full = int(mask.reshape(-1).nonzero()[flat_idx]) if not bool(mask.all()) else flat_idx
+def _compare_tensor(path, o, r, tol, shape) -> Comparison:
+    n = o.numel()
+    mx, total, bad, any_out, any_ref, first_bad = 0.0, 0.0, 0, False, False, None
+    for s in range(0, n, CHUNK):
+        of, rf = o[s:s + CHUNK].double(), r[s:s + CHUNK].double()
+        ofin, rfin = _isfinite(of), _isfinite(rf)
+        if not _equal(ofin, rfin):
+            return Comparison(False, f"{path} has {int((ofin != rfin).sum())} NaN/Inf values where the reference differs")
+        if not bool(rfin.all()) and not _equal(of[~rfin].nan_to_num(), rf[~rfin].nan_to_num()):
+            return Comparison(False, f"{path} non-finite values differ from the reference's")
+        of, rf = of.where(rfin, 0.0), rf.where(rfin, 0.0)
+        any_out = any_out or bool(of.any())
+        any_ref = any_ref or bool(rf.any())
+        diff = (of - rf).abs()
+        mx = max(mx, float(diff.max()))
+        total += float(diff.sum())
+        over = ~_isclose(of, rf, rtol=tol, atol=tol)
+        nbad = int(over.sum())
+        if nbad and first_bad is None:
+            first_bad = s + int((diff - tol * rf.abs()).argmax())
+        bad += nbad
+    mean = total / n
+    if not any_out and any_ref:
+        return Comparison(False, f"{path} is all zeros but the reference is not")
+    if bad:
+        where = _unravel(first_bad, shape)
+        return Comparison(False, f"{path} mismatch: max abs error {mx:.3g}, mean {mean:.3g}, {bad}/{n} elements over "
+                          f"tolerance {tol:g}, worst at {where}", mx, mean, where)
+    return Comparison(True, max_abs=mx, mean_abs=mean)
+
+
+def _unravel(flat_idx: int, shape) -> str:
     idx = []
-    for s in reversed(t.shape):
-        idx.append(full % s)
-        full //= s
+    for size in reversed(shape):
+        idx.append(flat_idx % size)
+        flat_idx //= size
     return "index " + str(tuple(reversed(idx)))
 
 

@@ -126,30 +126,36 @@ class Worker:
         try:
             mod = load_module(job["task_code"], "task", self.cache_dir)
             model = self._build(mod, mod.Model, Shape(), cfg)
-            sets = [make_inputs(mod, Shape(), TIMING_SEED + k, self.device, cfg.precision)
-                    for k in range(cfg.timing.input_sets)]
+            make_set = self._set_maker(mod, cfg)
+            first = make_set(0)
         except BaseException as e:
             facts["error"] = f"task {job['task_key']}: reference failed: {_short_tb(e, 3)}"
             return facts
         with torch.no_grad():
-            out = model(*clone_tree(sets[0]))
-        facts["bytes"] = tensor_bytes(sets[0]) + tensor_bytes(out)
-        facts["flops"] = _flops(model, sets[0])
+            out = model(*clone_tree(first))
+        facts["bytes"] = tensor_bytes(first) + tensor_bytes(out)
+        facts["flops"] = _flops(model, first)
+        del first, out
+        n = cfg.timing.input_sets
         if self._rates is None:
             self._rates = self.backend.peak_rates()
         facts["rates"] = self._rates
         # What the protocol costs on its own (sync, events, launch of nothing): the floor under every timing.
-        facts["timer_floor"] = time_callable(lambda *a: None, sets, self.backend, cfg.timing).to_dict()
+        facts["timer_floor"] = time_callable(lambda *a: None, make_set, n, self.backend, cfg.timing).to_dict()
         for kind in cfg.timing.baselines:
             with _stage(facts, kind):
                 try:
                     fn = model if kind == "eager" else torch.compile(model)
-                    facts[kind] = time_callable(fn, sets, self.backend, cfg.timing).to_dict()
+                    facts[kind] = time_callable(fn, make_set, n, self.backend, cfg.timing).to_dict()
                 except BaseException as e:
                     facts[f"{kind}_error"] = _short_tb(e, 2)
         return facts
 
     # ---- pieces -----------------------------------------------------------------------------------------------
+    def _set_maker(self, task_mod, cfg):
+        """Timing input set k, generated on the device from its own seed (the same sets for candidate and baselines)."""
+        return lambda k: make_inputs(task_mod, Shape(), TIMING_SEED + k, self.device, cfg.precision)
+
     def _build(self, task_mod, cls, shape: Shape, cfg):
         """Instantiate cls with the task's init inputs right after the same seed, so weights match."""
         init = init_inputs(task_mod, shape)
@@ -244,10 +250,11 @@ class Worker:
     def _time_candidate(self, task_mod, cfg, facts, trace):
         cand_model = self._model_pair[0]
         ref_model = self._build(task_mod, task_mod.Model, Shape(), cfg)
-        sets = [make_inputs(task_mod, Shape(), TIMING_SEED + k, self.device, cfg.precision)
-                for k in range(cfg.timing.input_sets)]
+        make_set = self._set_maker(task_mod, cfg)
+        n = cfg.timing.input_sets
         with torch.no_grad():
-            refs = [ref_model(*clone_tree(s)) for s in sets]
+            refs = [ref_model(*make_set(k)) for k in range(n)]
+        del ref_model
         tol = cfg.tolerance()
 
         def check(out, k):
@@ -262,7 +269,7 @@ class Worker:
 
         self.counter.reset()
         try:
-            facts["timing"] = time_callable(cand_model, sets, self.backend, cfg.timing, check, traced).to_dict()
+            facts["timing"] = time_callable(cand_model, make_set, n, self.backend, cfg.timing, check, traced).to_dict()
             if self.backend.device_type == "cpu":
                 total = facts["timing"]["mean_ms"] * (facts["timing"]["reps"] + cfg.timing.warmup + 1) / 1e3
                 facts["host_share"] = min(1.0, self.counter.seconds / total) if total > 0 else None

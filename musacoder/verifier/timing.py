@@ -1,8 +1,9 @@
 """Timing protocol, shared by candidates and baselines so their numbers are comparable.
 
-Inputs live in two buffer slots used alternately, refilled each iteration from one of an odd number of input
-sets: every iteration sees a different address than the one before, and addresses recur with different contents,
-so an output memoised on `data_ptr`/`id()`/shape is returned for the wrong inputs and caught. The cache is flushed, the device is synchronised device-wide before the stop timestamp (side streams count),
+Inputs live in two buffer slots used alternately, refilled (untimed, generated on the device) each iteration with
+input set (i // 2) % K: every iteration sees a different address than the one before, and each address recurs with
+different contents, so an output memoised on `data_ptr`/`id()`/shape is returned for the wrong inputs and caught.
+Only the K reference outputs are kept, never K input copies, so multi-GB tasks fit. The cache is flushed, the device is synchronised device-wide before the stop timestamp (side streams count),
 and the output is checked against the reference for that input set (phase detection and memoisation fail).
 Repetitions run until the relative standard error of the mean is under the target, or the budget is spent.
 """
@@ -17,7 +18,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from musacoder.verifier.inputs import clone_tree
 
 
 class SpotCheckFailed(RuntimeError):
@@ -38,20 +38,19 @@ class TimingResult:
                 "reps": self.reps}
 
 
-def time_callable(fn, input_sets: list, backend, cfg, check=None, traced_call=None) -> TimingResult:
-    """Time fn over cycled input sets. check(out, k) returns a reason on mismatch; traced_call(args) runs one
-    iteration under the op tracer at a random position (excluded from the statistics)."""
+def time_callable(fn, make_set, n_sets: int, backend, cfg, check=None, traced_call=None) -> TimingResult:
+    """Time fn over input sets make_set(0..n_sets-1). check(out, k) returns a reason on mismatch; traced_call(args)
+    runs one iteration under the op tracer at a random position (excluded from the statistics)."""
     timer = backend.timer()
-    slots = [clone_tree(input_sets[0]), clone_tree(input_sets[0])]
+    slots = [make_set(0), make_set(0)]
     samples: list[float] = []
-    n_sets = len(input_sets)
     trace_at = random.randint(cfg.warmup, cfg.warmup + cfg.min_reps - 1) if traced_call else -1
     t_begin = None
     i = 0
     while True:
-        k = i % n_sets
+        k = (i // 2) % n_sets
         args = slots[i % 2]
-        _refill(args, input_sets[k])
+        _refill(args, make_set(k))
         if cfg.l2_flush:
             backend.flush_cache()
         if i == trace_at:

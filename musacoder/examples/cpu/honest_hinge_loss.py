@@ -9,13 +9,14 @@ LOSS_SRC = r"""
 torch::Tensor hinge_loss(torch::Tensor pred, torch::Tensor targ) {
     auto p = pred.contiguous(), t = targ.contiguous();
     const int64_t rows = p.size(0), cols = p.numel() / rows;
-    TORCH_CHECK(t.numel() == rows || t.numel() == p.numel(), "targets must be per row or per element");
-    const bool per_row = t.numel() == rows;
+    // Broadcasting as PyTorch does: same shape, (rows, 1) per row, or (cols,) along the last dimension.
+    const int mode = t.numel() == p.numel() ? 0 : (t.dim() == p.dim() ? 1 : 2);
+    TORCH_CHECK(mode == 0 || (mode == 1 && t.numel() == rows) || (mode == 2 && t.numel() == cols), "bad target shape");
     const float *pp = p.data_ptr<float>(), *pt = t.data_ptr<float>();
     double s = 0;
     #pragma omp parallel for reduction(+:s)
     for (int64_t i = 0; i < rows * cols; i++) {
-        double v = 1.0 - (double)pp[i] * pt[per_row ? i / cols : i];
+        double v = 1.0 - (double)pp[i] * pt[mode == 0 ? i : (mode == 1 ? i / cols : i % cols)];
         s += v > 0 ? v : 0;
     }
     auto out = torch::empty({}, p.options());

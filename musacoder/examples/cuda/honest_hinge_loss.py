@@ -15,11 +15,11 @@ __device__ double block_sum(double v, double* red) {
     }
     return red[0];
 }
-__global__ void hinge_kernel(const float* p, const float* t, int64_t n, int64_t cols, bool per_row, double* acc) {
+__global__ void hinge_kernel(const float* p, const float* t, int64_t n, int64_t cols, int mode, double* acc) {
     __shared__ double red[256];
     double s = 0;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        double v = 1.0 - (double)p[i] * t[per_row ? i / cols : i];
+        double v = 1.0 - (double)p[i] * t[mode == 0 ? i : (mode == 1 ? i / cols : i % cols)];
         s += v > 0 ? v : 0;
     }
     s = block_sum(s, red);
@@ -42,8 +42,11 @@ torch::Tensor hinge_loss(torch::Tensor pred, torch::Tensor targ) {
     const int64_t n = p.numel(), rows = p.size(0), cols = n / rows;
     auto acc = torch::zeros({1}, p.options().dtype(torch::kFloat64));
     auto out = torch::empty({}, p.options());
+    // Broadcasting as PyTorch does: same shape, (rows, 1) per row, or (cols,) along the last dimension.
+    const int mode = t.numel() == n ? 0 : (t.dim() == p.dim() ? 1 : 2);
+    TORCH_CHECK(mode == 0 || (mode == 1 && t.numel() == rows) || (mode == 2 && t.numel() == cols), "bad target shape");
     auto stream = at::cuda::getCurrentCUDAStream();
-    hinge_kernel<<<1024, 256, 0, stream>>>(p.data_ptr<float>(), t.data_ptr<float>(), n, cols, t.numel() == rows, acc.data_ptr<double>());
+    hinge_kernel<<<1024, 256, 0, stream>>>(p.data_ptr<float>(), t.data_ptr<float>(), n, cols, mode, acc.data_ptr<double>());
     finish_kernel<<<1, 1, 0, stream>>>(acc.data_ptr<double>(), out.data_ptr<float>(), n);
     return out;
 }
