@@ -86,6 +86,11 @@ class LocalPool:
         self._admit(job)
         return fut
 
+    def wait_ready(self, timeout: float = 600) -> dict:
+        """Block until the first device worker is up; returns its hello (device name, versions)."""
+        self._device_ready.wait(timeout)
+        return self._device_info
+
     def verify_many(self, pairs: Iterable[tuple[Task, str]]) -> Iterator[tuple[int, Verdict]]:
         """Yield (index, verdict) as verdicts complete, keeping compile and device tiers busy."""
         pairs = list(pairs)

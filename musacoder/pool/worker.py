@@ -53,6 +53,13 @@ def main(argv=None):
             import traceback
 
             result = {"infra_error": "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]}
+        if backend.device_type != "cpu":  # give cached blocks back: baseline and device workers share the GPU
+            import gc
+
+            import torch
+
+            gc.collect()
+            torch.cuda.empty_cache()
         conn.send_bytes(json.dumps(result, default=str).encode())
         if result.get("fatal"):
             return  # sticky device error or tampered harness: the parent starts a fresh process

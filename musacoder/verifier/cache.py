@@ -29,5 +29,9 @@ class Cache:
         with self._lock, self._db:
             self._db.execute(f"INSERT OR REPLACE INTO {table} VALUES (?, ?)", (key, json.dumps(value)))
 
+    def clear(self, table: str) -> None:
+        with self._lock, self._db:
+            self._db.execute(f"DELETE FROM {table}")
+
     def close(self):
         self._db.close()
