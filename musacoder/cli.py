@@ -14,6 +14,18 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="MusaCoder: LLMs that write native kernels.")
 console = Console()
+try:  # the benchmark harness needs the `bench` extra (httpx, matplotlib, transformers)
+    from musacoder.bench.cli import bench_app
+
+    app.add_typer(bench_app, name="bench", help="Evaluate a model on KernelBench-format tasks.")
+except ImportError as _e:  # pragma: no cover - depends on what is installed
+    _bench_missing = str(_e)
+
+    @app.command("bench")
+    def bench_unavailable():
+        """Evaluate a model (needs: pip install 'musacoder[bench]')."""
+        Console(stderr=True).print(f"musacoder bench needs the bench extra: {_bench_missing}")
+        raise typer.Exit(2)
 err = Console(stderr=True, soft_wrap=True)
 
 

@@ -25,10 +25,10 @@ class CorrectnessConfig:
 
 @dataclass
 class TimingConfig:
-    warmup: int = 3
-    min_reps: int = 10
+    warmup: int = 5
+    min_reps: int = 20
     max_reps: int = 200
-    rse_target: float = 0.01  # stop once the relative standard error of the mean is below 1%
+    rse_target: float = 0.005  # stop once the relative standard error of the mean is below 0.5%
     budget_s: float = 2.0  # per timed callable, after warm-up
     input_sets: int = 3  # distinct input sets cycled through two buffer slots (odd, so contents move between slots)
     l2_flush: bool = True

@@ -218,3 +218,19 @@ def test_hf_client_generates_in_batches(tiny_checkpoint):
     a, b = dict(client.generate(greedy)).values()
     assert a.text == b.text and a.finish_reason in ("stop", "length")
     assert make_client(f"hf:{tiny_checkpoint}").model_id == str(tiny_checkpoint)
+
+
+def test_hf_client_through_the_runner(tiny_checkpoint, tmp_path, cache_dir):
+    """Local generation is not overlapped with verification; its token counts reach the store and the metrics."""
+    from musacoder.bench.clients.hf import HFClient, HFConfig
+    from musacoder.bench.runner import run_bench
+    from musacoder.bench.store import Store
+    from musacoder.config import VerifyConfig
+
+    client = HFClient(str(tiny_checkpoint), HFConfig(batch_size=4, device="cpu"))
+    m = run_bench([builtin_task("level1/19_ReLU")], client, tmp_path, samples=3, max_tokens=8, backend="cpu",
+                  verify=VerifyConfig(backend="cpu", timing_enabled=False, cache_dir=cache_dir))
+    rows = Store(tmp_path / "samples.sqlite").rows()
+    assert len(rows) == 3 and all(r.verdict and 0 < r.completion_tokens <= 8 and r.prompt_tokens > 300 for r in rows)
+    assert m["unfinished"] == 0 and m["overall"]["samples"] == 3 and m["overall"]["pass_at_k"]["3"] == 0.0
+    assert m["tokens"]["completion"] == sum(r.completion_tokens for r in rows)

@@ -19,7 +19,7 @@ def row(task="level1/1_A", sample=0, turn=1, status="ok", level=1, se=None, sc=N
         verdict = {"status": status, "speedup_eager": se, "speedup_compile": sc, "feedback": f"fb {status}",
                    "stage_seconds": {"static": 0.0, **({"device": 1.0} if device else {})}}
     base = dict(task=task, level=level, sample=sample, turn=turn, status=status, messages=[], raw="x", code="x",
-                error=None, verdict=verdict, prompt_tokens=10, completion_tokens=5, gen_seconds=1.0,
+                error=None, verdict=verdict, prompt_tokens=10, completion_tokens=5, finish_reason="stop", gen_seconds=1.0,
                 verify_seconds=2.0, attempts=1, updated=0.0)
     return Row(**{**base, **kw})
 
@@ -118,7 +118,7 @@ def test_compute_metrics_levels_statuses_multi_turn():
     assert l1["multi_turn"]["first_turn_accuracy"] == pytest.approx(0.25)
     assert l1["multi_turn"]["best_turn_accuracy"] == pytest.approx(0.5)
     assert l1["multi_turn"]["turns_to_success"] == {"1": 1, "2": 1, "never": 2}
-    assert m["tokens"] == {"prompt": 90, "completion": 45}
+    assert m["tokens"] == {"prompt": 90, "completion": 45} and m["truncated"] == 0
     assert m["seconds"]["verification"] == pytest.approx(18.0)
 
 

@@ -75,7 +75,7 @@ def test_dead_server_is_recorded_then_resumed_without_redoing(tmp_path, cache_di
         assert len(rows) == 4 and all(r.attempts == 2 and r.verdict for r in rows.values())
         assert rows[(RELU, 0, 1)].code.startswith("import torch") and rows[(GEMM, 0, 1)].code is None
         assert rows[(RELU, 0, 1)].verdict["status"] == "illegal" and "exec" in rows[(RELU, 0, 1)].verdict["reason"]
-        assert rows[(RELU, 0, 1)].prompt_tokens == 100
+        assert rows[(RELU, 0, 1)].prompt_tokens == 100 and rows[(RELU, 0, 1)].finish_reason == "stop"
 
         again = run_bench(tasks(), client, out, samples=2, backend="cpu", verify=config(cache_dir), console=QUIET)
         assert len(server.requests) == 4 and again["overall"] == m["overall"]  # nothing redone
@@ -143,6 +143,15 @@ def _run_args(spec, out):
             "--backend", "cpu", "--no-timing", "--concurrency", "1"]
 
 
+def _generated(db: Path) -> int:
+    """Samples generated so far; 0 while the run has not created its store yet."""
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:  # read-only: never creates the file
+            return c.execute("SELECT count(*) FROM samples WHERE raw IS NOT NULL").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
 def test_cli_interrupted_and_resumed(tmp_path, cache_dir):
     server = FakeServer(lambda body: NO_CODE, delay=0.3)
     out = tmp_path / "run"
@@ -152,15 +161,13 @@ def test_cli_interrupted_and_resumed(tmp_path, cache_dir):
         proc = subprocess.Popen(_cli(*args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         db = out / "samples.sqlite"
         deadline = time.time() + 60
-        while time.time() < deadline and proc.poll() is None:
-            if db.exists() and sqlite3.connect(db).execute("SELECT count(*) FROM samples").fetchone()[0] >= 3:
-                break
+        while time.time() < deadline and proc.poll() is None and _generated(db) < 3:
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
         assert proc.returncode != 0
         before = len(server.requests)
-        done = sqlite3.connect(db).execute("SELECT count(*) FROM samples WHERE raw IS NOT NULL").fetchone()[0]
+        done = _generated(db)
         assert 3 <= done < 10  # interrupted part way
 
         r = subprocess.run(_cli(*args), env=env, capture_output=True, text=True, timeout=120)

@@ -33,6 +33,9 @@ def run(tasks: Path = typer.Option(..., help="KernelBench .jsonl, a task directo
         no_timing: bool = typer.Option(False, "--no-timing", help="skip timing (no speedups, no Faster Rate)"),
         one_shot: bool = typer.Option(True, "--one-shot/--zero-shot", help="include the built-in example"),
         faster_threshold: float = typer.Option(1.1, help="Faster Rate counts speedups above this"),
+        overlap: bool = typer.Option(True, "--overlap/--no-overlap",
+                                     help="verify while generating; turn off when the model server shares the "
+                                          "device that times the kernels"),
         concurrency: int = typer.Option(16, help="requests in flight (openai)"),
         batch_size: int = typer.Option(8, help="generation batch (hf)")):
     """Generate, verify and score; writes samples.sqlite, metrics.json, report.md and plots under OUT.
@@ -55,7 +58,7 @@ def run(tasks: Path = typer.Option(..., help="KernelBench .jsonl, a task directo
         client = make_client(model, concurrency=concurrency, batch_size=batch_size)
         cfg = BenchConfig(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens, turns=turns,
                           stop_on_success=stop_on_success, backend=backend, one_shot=one_shot,
-                          faster_threshold=faster_threshold)
+                          faster_threshold=faster_threshold, overlap=overlap)
         vcfg = VerifyConfig(profile=profile, timing_enabled=not no_timing)
         console.print(f"{len(task_list)} tasks x {samples} samples, model [bold]{model}[/bold] -> {out}")
         m = run_bench(task_list, client, out, cfg, vcfg, console=console)

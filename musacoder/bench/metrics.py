@@ -150,6 +150,7 @@ def compute_metrics(rows: list[Row], threshold: float = 1.1, ps=FAST_PS, multi_t
         "levels": {level_name(lv): block(lambda x, lv=lv: x == lv) for lv in levels},
         "tokens": {"prompt": sum(r.prompt_tokens or 0 for r in rows),
                    "completion": sum(r.completion_tokens or 0 for r in rows)},
+        "truncated": sum(r.finish_reason == "length" for r in rows),  # answers cut at max_tokens
         "seconds": {"generation": round(sum(r.gen_seconds or 0 for r in rows), 3),
                     "verification": round(sum(r.verify_seconds or 0 for r in rows), 3)},
         "threshold": threshold,

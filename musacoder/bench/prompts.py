@@ -196,15 +196,10 @@ STYLES = {
 }
 
 
-def task_messages(task: Task, backend: str, one_shot: bool = True,
-                  example: tuple[str, str] | None = None) -> list[dict]:
-    """The first turn. `example` (reference, solution) replaces the built-in one-shot example of the backend."""
+def task_messages(task: Task, backend: str, one_shot: bool = True) -> list[dict]:
+    """The first turn: system and user messages, with the backend's one-shot example in the example slot."""
     style = STYLES[backend]
-    if one_shot:
-        ref, sol = example or (EXAMPLE_REFERENCE, style.example)
-        shot = EXAMPLE.substitute(reference=ref, solution=sol)
-    else:
-        shot = ""
+    shot = EXAMPLE.substitute(reference=EXAMPLE_REFERENCE, solution=style.example) if one_shot else ""
     user = TASK.substitute(lang=style.lang, build=style.build, example=shot, task=task.code.strip())
     return [{"role": "system", "content": Template(SYSTEM).substitute(device=style.device)},
             {"role": "user", "content": user}]

@@ -76,7 +76,7 @@ def plot(out: Path, m: dict, rows: list[Row]) -> list[str]:
     for attr, label in (("speedup_eager", "vs eager"), ("speedup_compile", "vs torch.compile")):
         ys = [task_mean(outcomes, lambda o, p=p, a=attr: faster(o.correct, getattr(o, a), p)) or 0.0 for p in ps]
         ax.plot(ps, [100 * y for y in ys], label=label)
-    ax.set(xlabel="speedup threshold p", ylabel="fast_p (%)", title="fast_p: correct and faster than p")
+    ax.set(xlabel="speedup threshold p", ylabel="fast_p (%)", ylim=(0, 100), title="fast_p: correct and faster than p")
     ax.legend()
     fig.savefig(out / "fast_p.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -91,7 +91,7 @@ def plot(out: Path, m: dict, rows: list[Row]) -> list[str]:
         ax.bar([i + j * width for i in range(len(levels))], [100 * (get(b) or 0) for _, b in levels], width,
                label=label)
     ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(levels))], [name for name, _ in levels])
-    ax.set(ylabel="%", title="per level")
+    ax.set(ylabel="%", ylim=(0, 100), title="per level")
     ax.legend()
     fig.savefig(out / "levels.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -123,8 +123,9 @@ def write_report(out: Path, m: dict, rows: list[Row]) -> None:
     except ImportError:
         parts += ["(plots skipped: matplotlib is not installed)", ""]
     tok, sec = m["tokens"], m["seconds"]
-    parts += [f"Tokens: {tok['prompt']} prompt, {tok['completion']} completion. Summed over samples: "
-              f"{sec['generation']:.0f} s generating, {sec['verification']:.0f} s verifying.", ""]
+    parts += [f"Tokens: {tok['prompt']} prompt, {tok['completion']} completion; {m['truncated']} answers cut at "
+              f"max_tokens. Summed over samples: {sec['generation']:.0f} s generating, {sec['verification']:.0f} s "
+              "verifying.", ""]
     (out / "report.md").write_text("\n".join(parts))
 
 

@@ -1,8 +1,9 @@
 """`run_bench`: generate, extract, verify, store; resumable; metrics and report at the end.
 
 Each turn is a pipeline: a thread generates (streaming results into the store) while this thread verifies whatever
-has been generated so far through the verifier's batch API, so the model server and the verifier work at once.
-Turn t+1 of a sample is asked only once turn t has its verdict, with that verdict's feedback.
+has been generated so far through the verifier's batch API, so the model server and the verifier work at once
+(`overlap=False`, and local generation, generate the whole turn first). Turn t+1 of a sample is asked only once
+turn t has its verdict, with that verdict's feedback.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class BenchConfig:
     faster_threshold: float = 1.1  # Faster Rate counts correct samples with speedup above this
     fast_ps: tuple[float, ...] = FAST_PS
     seed: int = 0  # base of the per-request sampling seeds
+    # Verify while generating. Off (and always off for local generation): each turn is generated in full first,
+    # so a model sharing the device does not disturb the timings.
+    overlap: bool = True
 
 
 def resolve_backend(backend: str) -> str:
@@ -112,7 +116,7 @@ def _code(text: str) -> str | None:
 
 
 def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, Task], client: Client, store: Store,
-              vcfg: VerifyConfig, progress: Progress) -> None:
+              vcfg: VerifyConfig, progress: Progress, overlap: bool) -> None:
     ready: queue.Queue = queue.Queue()  # (task, sample, raw) waiting for verification; None: generation ended
     stop = threading.Event()
     gbar = progress.add_task(f"turn {turn}: generate", total=len(gen))
@@ -148,20 +152,19 @@ def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, T
 
     items = [(by_key[r.task], r.sample, r.raw) for r in ver]
     generating = bool(gen)
-    if generating:
+    if generating and overlap:
         threading.Thread(target=produce, daemon=True, name="bench-generate").start()
+    elif generating:
+        produce()
     try:
         while items or generating:
-            if not items:  # wait for the next generation, then take everything already there
-                item = ready.get()
-                items += [item] if item else []
+            block = not items  # nothing to verify: wait for one generation, then take all that are there
+            while generating and (block or not ready.empty()):
+                item, block = ready.get(), False
                 generating = item is not None
-            while generating and not ready.empty():
-                item = ready.get()
                 items += [item] if item else []
-                generating = item is not None
             batch, items = items, []
-            for i, v in verify_many([(t, raw) for t, _, raw in batch], vcfg):
+            for i, v in verify_many([(t, raw) for t, _, raw in batch], vcfg) if batch else ():
                 task, sample, _ = batch[i]
                 store.put_verdict(task.key, sample, turn, v)
                 progress.update(vbar, advance=1)
@@ -189,7 +192,7 @@ def run_bench(tasks: list[Task], client: Client, out_dir: str | Path, config: Be
             for turn in range(1, cfg.turns + 1):
                 gen, ver = plan(tasks, store.rows(), cfg, vcfg.backend, turn)
                 if gen or ver:
-                    _run_turn(turn, gen, ver, by_key, client, store, vcfg, progress)
+                    _run_turn(turn, gen, ver, by_key, client, store, vcfg, progress, cfg.overlap and not client.local)
         rows = [r for r in store.rows() if r.task in by_key and r.sample < cfg.samples and r.turn <= cfg.turns]
         metrics = compute_metrics(rows, cfg.faster_threshold, cfg.fast_ps, multi_turn=cfg.turns > 1)
         metrics["unfinished"] = unfinished(tasks, rows, cfg, vcfg.backend)

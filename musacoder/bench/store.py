@@ -23,7 +23,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS samples (
     task TEXT NOT NULL, level INTEGER, sample INTEGER NOT NULL, turn INTEGER NOT NULL,
     status TEXT NOT NULL, messages TEXT NOT NULL, raw TEXT, code TEXT, error TEXT, verdict TEXT,
-    prompt_tokens INTEGER, completion_tokens INTEGER, gen_seconds REAL, verify_seconds REAL,
+    prompt_tokens INTEGER, completion_tokens INTEGER, finish_reason TEXT, gen_seconds REAL, verify_seconds REAL,
     attempts INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL,
     PRIMARY KEY (task, sample, turn));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -48,6 +48,7 @@ class Row:
     verdict: dict | None
     prompt_tokens: int | None
     completion_tokens: int | None
+    finish_reason: str | None  # "length": the answer was cut at max_tokens
     gen_seconds: float | None
     verify_seconds: float | None
     attempts: int
@@ -98,15 +99,16 @@ class Store:
         with self._lock:
             self.db.execute(
                 """INSERT INTO samples (task, level, sample, turn, status, messages, raw, code, error, verdict,
-                       prompt_tokens, completion_tokens, gen_seconds, verify_seconds, attempts, updated)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, NULL, 1, ?)
+                       prompt_tokens, completion_tokens, finish_reason, gen_seconds, verify_seconds, attempts, updated)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, 1, ?)
                    ON CONFLICT (task, sample, turn) DO UPDATE SET status = excluded.status,
                        messages = excluded.messages, raw = excluded.raw, code = excluded.code, error = excluded.error,
                        verdict = NULL, prompt_tokens = excluded.prompt_tokens,
-                       completion_tokens = excluded.completion_tokens, gen_seconds = excluded.gen_seconds,
+                       completion_tokens = excluded.completion_tokens, finish_reason = excluded.finish_reason,
+                       gen_seconds = excluded.gen_seconds,
                        verify_seconds = NULL, attempts = samples.attempts + 1, updated = excluded.updated""",
                 (task, level, sample, turn, status, json.dumps(messages), None if gen.error else gen.text, code,
-                 gen.error, gen.prompt_tokens, gen.completion_tokens, gen.seconds, time.time()))
+                 gen.error, gen.prompt_tokens, gen.completion_tokens, gen.finish_reason, gen.seconds, time.time()))
 
     def put_verdict(self, task: str, sample: int, turn: int, verdict: Verdict) -> None:
         with self._lock:

@@ -34,6 +34,7 @@ class Generation:
 
 class Client(ABC):
     model_id: str = ""  # what the run's results belong to; resuming with another model is refused
+    local: bool = False  # generates on this machine: verifying meanwhile would disturb the kernel timings
 
     @abstractmethod
     def generate(self, requests: Sequence[Request]) -> Iterator[tuple[int, Generation]]:

@@ -20,6 +20,7 @@ class HFConfig:
 
 
 class HFClient(Client):
+    local = True
     def __init__(self, path: str, config: HFConfig | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
