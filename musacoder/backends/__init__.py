@@ -25,8 +25,4 @@ def get_backend(name: str = "auto") -> Backend:
     raise ValueError(f"unknown backend {name!r} (cpu, cuda, triton; musa is planned)")
 
 
-def resolve_backend_name(name: str) -> str:
-    return get_backend(name).name if name == "auto" else name
-
-
-__all__ = ["Backend", "get_backend", "resolve_backend_name"]
+__all__ = ["Backend", "get_backend"]

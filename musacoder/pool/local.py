@@ -258,8 +258,6 @@ class LocalPool:
     def _finish(self, job: Job, static: StaticResult | None, facts: dict | None = None,
                 baseline: dict | None = None):
         v = job.verdict
-        if v.status is None and facts is None and static is not None and static.ok and job.prebuild is None:
-            v.status, v.reason = Status.INFRA_ERROR, "no result from the device tier"
         decide(v, self.cfg, static or StaticResult(), job.prebuild, facts, baseline)
         if job.prebuild and job.prebuild.get("build_error") and not v.compile_log:
             v.compile_log = job.prebuild["build_error"][-20000:]

@@ -66,6 +66,12 @@ class Worker:
         return out
 
     def evaluate(self, job: dict) -> dict:
+        try:
+            return self._evaluate(job)
+        finally:
+            self._model_pair = None  # let the worker loop give this job's GPU memory back
+
+    def _evaluate(self, job: dict) -> dict:
         cfg = VerifyConfig.from_dict(job["config"])
         facts = {"stage_seconds": {}, "trials": [], "fatal": False}
         self.loader.records.clear()
