@@ -3,7 +3,6 @@
 Uses the cpu backend (real C++ builds, real worker processes); the CUDA equivalents are in test_gpu.py.
 """
 
-import dataclasses
 
 import pytest
 

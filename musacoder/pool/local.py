@@ -13,7 +13,7 @@ import platform
 import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
