@@ -59,6 +59,9 @@ class VerifyConfig:
     # Address-space cap of cpu-backend workers, in GiB (0: none). CUDA workers are not capped this way: the driver
     # reserves far more virtual memory than it uses.
     worker_mem_gb: float = 16.0
+    # Address-space cap of compile workers and the compilers they run, in GiB (0: none): a template or unrolling
+    # bomb ends as a compile error instead of taking the node's memory.
+    compile_mem_gb: float = 16.0
     cache_dir: Path = field(default_factory=default_cache_dir)
 
     def __post_init__(self):

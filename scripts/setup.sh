@@ -19,5 +19,5 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 extras=""
-[ "${1:-}" = "test" ] && extras="[test,bench]"
+[ "${1:-}" = "test" ] && extras="[test,bench,train,serve,cluster]"
 $PIP -e ".$extras"

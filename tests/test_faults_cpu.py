@@ -76,3 +76,86 @@ def test_faults_each_get_a_verdict_and_nothing_is_lost(pool):
     # but it must be judged the same way before and after every fault
     honest = {verdicts[i].status for i in (1, 3, 8)}
     assert len(honest) == 1 and st[1] == "illegal"
+
+
+COMPILER_BOMB = HEAD + r'''
+SRC = """
+#include <torch/extension.h>
+constexpr long spin() { long s = 0; for (long i = 0; i < (1L << 40); i++) s += i % 7; return s; }
+static_assert(spin() > 0, "never decided");
+torch::Tensor f(torch::Tensor x) { return x; }
+"""
+ext = load_inline(name="bomb", cpp_sources=SRC, functions=["f"],
+                  extra_cflags=["-fconstexpr-loop-limit=2147483647", "-fconstexpr-ops-limit=9223372036854775807"])
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.f(x)
+'''
+# Forks twice through a raw syscall (the static check looks for fork( and the like), the grandchild in its own
+# session: only the worker's subreaper role finds it.
+SPAWN = HEAD + r'''
+SRC = """
+#include <torch/extension.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <sys/prctl.h>
+torch::Tensor relu(torch::Tensor x) {
+    static bool spawned = false;
+    if (!spawned) {
+        spawned = true;
+        if (syscall(SYS_fork) == 0) {
+            setsid();
+            if (syscall(SYS_fork) == 0) { prctl(PR_SET_NAME, "mc_spawned", 0, 0, 0); for (;;) pause(); }
+            _exit(0);
+        }
+    }
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    const float* in = xc.data_ptr<float>();
+    float* out = y.data_ptr<float>();
+    for (int64_t i = 0; i < xc.numel(); i++) out[i] = in[i] > 0.f ? in[i] : 0.f;
+    return y;
+}
+"""
+ext = load_inline(name="spawn", cpp_sources=SRC, functions=["relu"])
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.relu(x)
+'''
+
+
+def _alive(file: str, marker: str) -> int:
+    """Processes whose /proc/PID/<file> contains marker."""
+    import glob
+
+    n = 0
+    for path in glob.glob(f"/proc/[0-9]*/{file}"):
+        try:
+            n += marker in open(path, "rb").read().decode(errors="replace")
+        except OSError:
+            pass
+    return n
+
+
+def test_compiler_bomb_spawned_processes_and_held_memory(cache_dir):
+    from musacoder.config import VerifyConfig
+    from musacoder.examples_catalog import EXAMPLES_DIR
+
+    relu = builtin_task("level1/19_ReLU")
+    honest = (EXAMPLES_DIR / "cpu/honest_relu.py").read_text()
+    # leaks 3.5 GiB in a static of its extension (a loaded .so is never unloaded): over half the 6 GiB worker cap,
+    # so the worker is recycled after the job
+    hold = honest.replace("    auto xc = x.contiguous();", "    static auto* held = new std::vector<char>(7L << 29, 1);\n"
+                          "    auto xc = x.contiguous();")
+    cfg = VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False, compile_timeout_s=90,
+                       worker_mem_gb=6)
+    cases = [(relu, COMPILER_BOMB), (relu, honest), (relu, SPAWN), (relu, hold)]
+    with LocalPool(cfg, compile_workers=1) as pool:
+        v = dict(pool.verify_many(cases))
+        v[4] = pool.submit(relu, honest).result()  # runs after the leak, on the same device
+    assert v[0].status.value == "timeout" and "compilation exceeded 90s" in v[0].reason
+    assert _alive("cmdline", "fconstexpr-loop-limit=2147483647") == 0  # the compiler was killed with its worker
+    assert v[2].status.value == "illegal" and "process" in v[2].reason, v[2].reason
+    assert _alive("comm", "mc_spawned") == 0
+    assert [v[i].status.value for i in (1, 3, 4)] == ["ok"] * 3
+    assert v[3].details["worker_pid"] != v[4].details["worker_pid"]  # recycled: the held memory is gone

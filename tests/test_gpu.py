@@ -13,6 +13,7 @@ CU = HEAD + '''
 DECL = "torch::Tensor run(torch::Tensor x);"
 SRC = r"""
 #include <torch/extension.h>
+constexpr int MODE_V = MODE;
 __global__ void k(const float* x, float* y, long n, int mode) {
     long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (mode == 1) { y[i + (1L << 40)] = 1.f; return; }          // illegal address: a sticky error
@@ -22,11 +23,17 @@ __global__ void k(const float* x, float* y, long n, int mode) {
 torch::Tensor run(torch::Tensor x) {
     auto y = torch::empty_like(x);
     long n = x.numel();
-    k<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n, MODE);
+    if (MODE_V == 3) { auto big = torch::empty({1L << 38}, x.options()); }  // 1 TiB: more than any GPU has
+    if (MODE_V == 4) {  // leaks nine tenths of the free memory in a static, invisible to torch's allocator
+        static void* held = nullptr;
+        size_t free_b, total_b;
+        if (!held) { cudaMemGetInfo(&free_b, &total_b); cudaMalloc(&held, free_b / 10 * 9); }
+    }
+    k<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n, MODE_V);
     return y;
 }
 """
-ext = load_inline(name="k", cpp_sources=DECL, cuda_sources=SRC.replace("MODE", "%d"), functions=["run"])
+ext = load_inline(name="k", cpp_sources=DECL, cuda_sources=SRC.replace("= MODE;", "= %d;"), functions=["run"])
 class ModelNew(nn.Module):
     def forward(self, x):
         return ext.run(x)
@@ -66,6 +73,21 @@ def test_sticky_error_and_hang_do_not_lose_other_verdicts(cache_dir):
     for i in (1, 3):
         assert v[i].status.value == "ok", v[i].reason
         assert v[i].speedup_eager and v[i].kernel_time_share and v[i].kernel_time_share > 0.5
+
+
+def test_memory_exhaustion_and_leak_are_contained(cache_dir):
+    cfg = VerifyConfig(backend="cuda", cache_dir=cache_dir, run_timeout_s=120)
+    cfg.timing.baselines = ("eager",)
+    relu = builtin_task("level1/19_ReLU")
+    with LocalPool(cfg) as pool:
+        v = dict(pool.verify_many([(relu, CU % 3), (relu, CU % 4)]))
+        after = pool.submit(relu, CU % 0).result()  # on the same GPU, after the leak
+    assert v[0].status.value == "runtime_error" and "memory" in v[0].reason.lower(), v[0].reason
+    assert v[1].status.value == "ok", v[1].reason
+    assert after.status.value == "ok", after.reason
+    assert after.details["worker_pid"] != v[1].details["worker_pid"]  # the leaking worker was replaced
+    # the device found what the compile tier built (same arch list), it did not compile again
+    assert after.details["builds"] and all(b["cached"] for b in after.details["builds"])
 
 
 def test_triton_candidate_is_counted_and_timed(cache_dir):

@@ -13,6 +13,26 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 
+def _descendants(pid: int) -> list[int]:
+    """All live descendants of a process (Linux /proc; empty elsewhere)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out
+
+
 class WorkerTimeout(RuntimeError):
     pass
 
@@ -70,7 +90,7 @@ class WorkerProcess:
             self.restart()
             self.conn.send_bytes(json.dumps(job).encode())
         result = self._recv(timeout)
-        self.needs_restart = bool(result.get("fatal"))
+        self.needs_restart = bool(result.get("fatal") or result.get("recycle"))
         return result
 
     def _recv(self, timeout: float) -> dict:
@@ -104,6 +124,18 @@ class WorkerProcess:
 
     def kill(self):
         if self.proc is not None:
+            # ninja puts each compiler in its own process group, so killing ours is not enough: take the whole
+            # tree (the worker is its descendants' subreaper, so orphans are still in it), then the group.
+            for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+                try:
+                    os.kill(pid, signal.SIGSTOP)  # freeze first, so nothing forks while we walk the tree
+                except ProcessLookupError:
+                    pass
+            for pid in [*_descendants(self.proc.pid), self.proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

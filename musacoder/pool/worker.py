@@ -23,8 +23,9 @@ def main(argv=None):
     ap.add_argument("--cache", required=True)
     args = ap.parse_args(argv)
     conn = Connection(args.fd)
+    _adopt_orphans_and_follow_parent()
     mem_gb = float(os.environ.get("MUSACODER_WORKER_MEM_GB", "0"))
-    if mem_gb > 0:  # host-memory cap (cpu backend): an allocation bomb fails inside the candidate, not the node
+    if mem_gb > 0:  # host-memory cap: an allocation (or compiler) bomb fails inside the worker, not the node
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (int(mem_gb * 2**30), int(mem_gb * 2**30)))
@@ -53,6 +54,11 @@ def main(argv=None):
             import traceback
 
             result = {"infra_error": "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]}
+        spawned = _reap_children()
+        if spawned and args.role == "device":
+            result["processes_spawned"] = spawned
+        if args.role == "device":
+            result["worker_pid"] = os.getpid()
         if backend.device_type != "cpu":  # give cached blocks back: baseline and device workers share the GPU
             import gc
 
@@ -60,9 +66,66 @@ def main(argv=None):
 
             gc.collect()
             torch.cuda.empty_cache()
+        if args.role == "device" and not result.get("fatal") and _holds_memory(backend):
+            result["recycle"] = True  # memory a candidate kept (a global, a static) must not starve the next job
         conn.send_bytes(json.dumps(result, default=str).encode())
         if result.get("fatal"):
             return  # sticky device error or tampered harness: the parent starts a fresh process
+
+
+def _adopt_orphans_and_follow_parent():
+    """Linux: become the reaper of our descendants (a double-forked or setsid'd child of a candidate is still
+    found by _reap_children) and die with the pool process (a Ray actor or pool killed hard leaves no workers)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _holds_memory(backend) -> bool:
+    """After a job: over 2 GiB still allocated through torch or under a quarter of the device free (raw cudaMalloc
+    is invisible to torch; the verifier assumes the GPU is its own), or host RSS over half the worker cap."""
+    import gc
+
+    gc.collect()
+    if backend.device_type != "cpu":
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return torch.cuda.memory_allocated() > 2 * 2**30 or free < total / 4
+    cap = float(os.environ.get("MUSACODER_WORKER_MEM_GB", "0")) * 2**30
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return cap > 0 and rss > cap / 2
+
+
+def _reap_children() -> int:
+    """Kill whatever processes the job left behind (candidate-spawned, or adopted orphans); return how many."""
+    import signal
+
+    pids = set()
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    return len(pids)
 
 
 if __name__ == "__main__":

@@ -130,6 +130,9 @@ class CachedLoadInline:
                 self.records.append(BuildRecord(key, time.perf_counter() - t0, True, failed.read_text()))
                 raise BuildError(failed.read_text())
             if not cached:
+                # torch's own baton file survives a build killed on timeout and would make every later build
+                # of this key wait forever; our flock already makes us the only builder of this key.
+                (build_dir / "lock").unlink(missing_ok=True)
                 arguments.update(name=name, build_directory=str(build_dir), verbose=False)
                 try:
                     _REAL_LOAD_INLINE(**arguments)
@@ -149,6 +152,33 @@ class CachedLoadInline:
         if isinstance(functions, str):
             functions = [functions]
         return _CountedModule(real, list(functions), self.counter)
+
+
+def export_artifacts(cache_root: Path, keys) -> dict[str, bytes]:
+    """The built libraries of these keys, to ship to a node that has no shared cache (Ray object store)."""
+    out = {}
+    for key in keys:
+        so = Path(cache_root) / "ext" / key / f"mc_{key}.so"
+        if (so.parent / "ok").exists():
+            out[key] = so.read_bytes()
+    return out
+
+
+def import_artifacts(cache_root: Path, blobs: dict[str, bytes]) -> None:
+    """Place shipped libraries in this node's cache, so CachedLoadInline finds them built."""
+    root = Path(cache_root) / "ext"
+    root.mkdir(parents=True, exist_ok=True)
+    for key, data in blobs.items():
+        build_dir = root / key
+        build_dir.mkdir(exist_ok=True)
+        with open(root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if (build_dir / "ok").exists():
+                continue
+            tmp = build_dir / f".mc_{key}.so.tmp"
+            tmp.write_bytes(data)
+            tmp.rename(build_dir / f"mc_{key}.so")
+            (build_dir / "ok").touch()
 
 
 def install(cache_root: Path, backend, counter: LaunchCounter) -> CachedLoadInline:

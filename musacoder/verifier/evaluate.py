@@ -3,6 +3,7 @@ this module measures and reports facts as plain JSON; `pipeline.decide` turns fa
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from contextlib import contextmanager
@@ -73,6 +74,8 @@ class Worker:
 
     def _evaluate(self, job: dict) -> dict:
         cfg = VerifyConfig.from_dict(job["config"])
+        # Build with the arch list the compile tier used, so the candidate's builds are found in the cache.
+        os.environ.update(job.get("build_env", {}))
         facts = {"stage_seconds": {}, "trials": [], "fatal": False}
         self.loader.records.clear()
         with _stage(facts, "load_task"):

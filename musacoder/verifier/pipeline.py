@@ -62,9 +62,11 @@ def _decide_status(v: Verdict, cfg, static, prebuild, facts, baseline) -> None:
     v.kernel_launches = facts.get("launches")
     prof = facts.get("profile")
     v.kernel_time_share = prof["share"] if prof else facts.get("host_share")
-    v.details = {k: facts[k] for k in ("launch_names", "builds", "profile", "profile_error") if facts.get(k)}
+    v.details = {k: facts[k] for k in ("launch_names", "builds", "profile", "profile_error", "worker_pid") if facts.get(k)}
     failed = [t for t in trials if not t["passed"]]
 
+    if facts.get("processes_spawned"):
+        return done(Status.ILLEGAL, f"the candidate started {facts['processes_spawned']} process(es); they were killed")
     if facts.get("threads_started", 0) > 0:
         return done(Status.ILLEGAL, f"the candidate started {facts['threads_started']} thread(s)")
     if v.illegal_ops:

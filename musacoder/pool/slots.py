@@ -1,0 +1,96 @@
+"""What one compile worker or one device does, independent of who schedules it (a local thread or a Ray actor).
+
+A slot owns worker processes and turns their answers or their deaths into facts or a (status, reason) failure.
+Failures here are the candidate's own (it hung, crashed, blew up the compiler): they become verdicts, never retries.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from musacoder.config import VerifyConfig
+from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout
+from musacoder.verifier.verdict import Status
+
+
+def compile_env(backend: str, cfg: VerifyConfig, arch_env: dict) -> dict:
+    from musacoder.backends import get_backend
+
+    env = {**get_backend(backend).build_env(), **arch_env} if backend != "cpu" else {}
+    if cfg.compile_mem_gb > 0:
+        env["MUSACODER_WORKER_MEM_GB"] = str(cfg.compile_mem_gb)
+    return env
+
+
+class CompileSlot:
+    def __init__(self, backend: str, cfg: VerifyConfig, cache_dir: Path, arch_env: dict):
+        self.cfg = cfg
+        self.worker = WorkerProcess("compile", backend, cache_dir, env=compile_env(backend, cfg, arch_env),
+                                    max_jobs=cfg.worker_max_jobs)
+
+    def run(self, code: str) -> tuple[dict | None, tuple[Status, str] | None, float]:
+        """-> (prebuild result, failure, seconds)."""
+        t = time.perf_counter()
+        try:
+            res = self.worker.call({"candidate_code": code}, timeout=self.cfg.compile_timeout_s)
+        except WorkerTimeout:
+            return None, (Status.TIMEOUT, f"compilation exceeded {self.cfg.compile_timeout_s:.0f}s"), \
+                time.perf_counter() - t
+        except WorkerDied as e:
+            return None, (Status.COMPILE_ERROR, f"the compiler process died: {str(e)[:300]}"), time.perf_counter() - t
+        return res, None, time.perf_counter() - t
+
+    def kill(self):
+        self.worker.kill()
+
+
+def device_env(backend: str, cfg: VerifyConfig, index: int | None) -> dict:
+    """Pin the worker to one device; `index` None means the scheduler (Ray) already set CUDA_VISIBLE_DEVICES."""
+    if backend == "cpu":
+        return {"MUSACODER_WORKER_MEM_GB": str(cfg.worker_mem_gb)}
+    if index is None:
+        return {}
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return {"CUDA_VISIBLE_DEVICES": visible[index] if index < len(visible) else str(index)}
+
+
+class DeviceSlot:
+    """One device: a worker that runs candidates and a clean one that times references (no candidate code)."""
+
+    def __init__(self, backend: str, cfg: VerifyConfig, cache_dir: Path, index: int | None):
+        env = device_env(backend, cfg, index)
+        self.cfg = cfg
+        self.dev = WorkerProcess("device", backend, cache_dir, env=env, max_jobs=cfg.worker_max_jobs)
+        self.base = WorkerProcess("baseline", backend, cache_dir, env=env, max_jobs=10**9)
+        self.hello: dict = {}
+
+    def start(self) -> dict:
+        try:
+            self.hello = self.dev.start()
+        except WorkerDied as e:
+            self.hello = {"error": str(e)}
+        return self.hello
+
+    def evaluate(self, request: dict) -> tuple[dict | None, tuple[Status, str] | None, float]:
+        """-> (facts, failure, seconds)."""
+        t = time.perf_counter()
+        try:
+            return self.dev.call(request, timeout=self.cfg.run_timeout_s), None, time.perf_counter() - t
+        except WorkerTimeout:
+            failure = (Status.TIMEOUT, f"evaluation exceeded {self.cfg.run_timeout_s:.0f}s (killed)")
+        except WorkerDied as e:
+            failure = (Status.RUNTIME_ERROR, f"the candidate crashed its process: {str(e)[:500]}")
+        return None, failure, time.perf_counter() - t
+
+    def baseline(self, request: dict) -> dict:
+        req = {k: request[k] for k in ("task_code", "task_key", "config")}
+        try:
+            return self.base.call(req, timeout=max(self.cfg.run_timeout_s, 900))
+        except (WorkerTimeout, WorkerDied) as e:
+            return {"error": str(e)}
+
+    def kill(self):
+        self.dev.kill()
+        self.base.kill()
