@@ -57,9 +57,27 @@ def test_cluster_matches_one_node_and_survives_a_lost_node(cluster, cfg):
 
     with RayPool(cfg, address=c.address) as pool:
         got, stats = _run_and_remove_a_node(pool, c, nodes, cases)
+        served = _through_the_service(pool, [cases[i] for i in (0, 2, 5)])
     assert got == expected  # nothing lost, nothing altered
     assert stats["infra_retries"] >= 1 and stats["completed"] == len(cases)
     assert expected[0][0] == "ok" and expected[1][0] == "timeout" and expected[4][0] == "runtime_error"
+    assert served == [expected[i][0] for i in (0, 2, 5)]  # the HTTP service fronts the cluster pool too
+
+
+def _through_the_service(pool, cases):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from musacoder.service.app import create_app
+    from musacoder.service.settings import ServiceSettings
+
+    with TestClient(create_app(pool, ServiceSettings(db_path=pool.cfg.cache_dir / "ray-service.sqlite"))) as c:
+        out = []
+        for task, cand in cases:
+            r = c.post("/v1/jobs?wait=60", json={"task": {"name": task.name, "code": task.code, "level": task.level},
+                                                 "candidate": cand})
+            out.append(r.json()["verdict"]["status"])
+        return out
 
 
 def _run_and_remove_a_node(pool, c, nodes, cases):

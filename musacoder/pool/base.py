@@ -50,12 +50,14 @@ class PoolBase(ABC):
         self._device_ready = threading.Event()
         self._busy = {"compile": 0.0, "device": 0.0}  # seconds the tiers spent working, for stats()
         self._counts = {"submitted": 0, "completed": 0}
+        self._count_lock = threading.Lock()  # submit() is called from several threads (the service's dispatchers)
         self._started = time.monotonic()
 
     # ---- public ------------------------------------------------------------------------------------------------
     def submit(self, task: Task, candidate: str, index: int = 0) -> Future:
         """Queue one verification; may block while the pool is full (backpressure)."""
-        self._counts["submitted"] += 1
+        with self._count_lock:
+            self._counts["submitted"] += 1
         fut: Future = Future()
         self._admit(Job(task, candidate, index, fut, t0=time.perf_counter()))
         return fut
@@ -181,7 +183,8 @@ class PoolBase(ABC):
             v.compile_log = job.prebuild["build_error"][-20000:]
         v.stage_seconds["total"] = round(time.perf_counter() - job.t0, 4)
         v.versions.setdefault("python", platform.python_version())
-        self._counts["completed"] += 1
+        with self._count_lock:
+            self._counts["completed"] += 1
         self._released(job)
         job.future.set_result(v)
 
