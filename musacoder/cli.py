@@ -132,5 +132,83 @@ def demo(backend: str = typer.Option("auto", help="auto picks cuda when a GPU is
                 f.write(json.dumps({"example": e.file, **verdicts[i].to_dict()}) + "\n")
 
 
+@app.command()
+def sft(config: Path = typer.Option(..., help="SFT settings (YAML), e.g. configs/sft-tiny.yaml"),
+        output_dir: Optional[str] = typer.Option(None, help="overrides the config's output_dir")):
+    """Multi-task SFT on TRL's SFTTrainer (needs the train extra). Resumes from the newest checkpoint."""
+    from musacoder.train.data import DataError
+    from musacoder.train.sft import SFTConfig, train_sft
+
+    try:
+        cfg = SFTConfig.from_yaml(config, **({"output_dir": output_dir} if output_dir else {}))
+        final = train_sft(cfg)
+    except (DataError, ValueError, OSError) as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2)
+    console.print(f"model: {final}  (loss curve, data report and skipped records in {cfg.output_dir})")
+
+
+@app.command()
+def rft(config: Path = typer.Option(..., help="RFT settings (YAML), e.g. configs/rft-tiny.yaml"),
+        output_dir: Optional[str] = typer.Option(None, help="overrides the config's output_dir")):
+    """Diversity-preserving RFT data: sample, verify, cluster each task's passing answers into a pool. Resumable."""
+    from musacoder.bench.store import RunMismatch
+    from musacoder.tasks import TaskLoadError
+    from musacoder.train.rft import RFTConfig, run_rft
+
+    try:
+        cfg = RFTConfig.from_yaml(config, **({"output_dir": output_dir} if output_dir else {}))
+        run_rft(cfg, console=console)
+    except (RunMismatch, TaskLoadError, ValueError, OSError) as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2)
+    console.print(escape((Path(cfg.output_dir) / "rft_report.md").read_text()), soft_wrap=True)
+
+
+@app.command()
+def rl(config: Path = typer.Option(..., help="RL settings (YAML), e.g. configs/rl-tiny-cpu.yaml"),
+       output_dir: Optional[str] = typer.Option(None, help="overrides the config's output_dir")):
+    """Execution-feedback RL (PrimeEcho, BDR, MirrorPop) on TRL's GRPOTrainer. Resumes from the newest checkpoint."""
+    from musacoder.tasks import TaskLoadError
+    from musacoder.train.data import DataError
+    from musacoder.train.rl.config import RLConfig
+    from musacoder.train.rl.trainer import METRICS, train_rl
+
+    try:
+        cfg = RLConfig.from_yaml(config, **({"output_dir": output_dir} if output_dir else {}))
+        final = train_rl(cfg)
+    except (DataError, TaskLoadError, ValueError, OSError) as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2)
+    console.print(f"model: {final}  (per-step metrics in {Path(cfg.output_dir) / METRICS}, curve in reward.png)")
+
+
+@app.command()
+def serve(host: str = typer.Option("127.0.0.1", help="address to bind (0.0.0.0: every interface; set a token)"),
+          port: int = typer.Option(8000),
+          backend: str = typer.Option("auto", help="auto | cpu | cuda | triton"),
+          profile: str = typer.Option("strict", help="strict | kernelbench"),
+          seeds: int = typer.Option(5, help="correctness trials on fresh seeds"),
+          no_timing: bool = typer.Option(False, "--no-timing", help="skip timing (and speedups)"),
+          cache_dir: Optional[Path] = typer.Option(None, help="builds and verdicts (default: $MUSACODER_CACHE)"),
+          token: Optional[str] = typer.Option(None, envvar="MUSACODER_TOKEN", show_default=False,
+                                              help="bearer token clients must send (prefer the env variable)"),
+          max_queue: int = typer.Option(4096, help="accepted-but-unfinished jobs before 429"),
+          max_body_mb: float = typer.Option(16.0, help="request bodies over this get 413"),
+          ray_address: Optional[str] = typer.Option(None, help="front a Ray cluster ('auto', 'ray://host:10001')"),
+          compile_workers: Optional[int] = typer.Option(None, help="compile workers (default: cores - devices)"),
+          log_level: str = typer.Option("info", help="uvicorn log level")):
+    """Serve verifications over HTTP (needs the serve extra). The verifier settings are fixed at start."""
+    from musacoder.service.app import serve as run_service
+    from musacoder.service.settings import ServiceSettings
+
+    cfg = _config(backend, profile, no_timing, seeds)
+    if cache_dir:
+        cfg.cache_dir = cache_dir
+    settings = ServiceSettings(token=token or None, max_queue=max_queue, max_body_mb=max_body_mb)
+    run_service(cfg, settings, host=host, port=port, ray_address=ray_address, compile_workers=compile_workers,
+                log_level=log_level)
+
+
 if __name__ == "__main__":
     app()

@@ -19,5 +19,9 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 extras=""
-[ "${1:-}" = "test" ] && extras="[test,bench,train,serve,cluster]"
+[ "${1:-}" = "test" ] && extras="[test,bench,train,serve,cluster,verl]"
 $PIP -e ".$extras"
+if [ "${1:-}" = "test" ]; then
+  # verl pins an older transformers: it goes in without its pins, for the adapter's CPU tests (docs/rl.md)
+  $PIP --no-deps "verl==0.9.1" "tensordict>=0.8,<=0.10" pyvers cloudpickle orjson
+fi

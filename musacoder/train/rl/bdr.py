@@ -1,0 +1,114 @@
+"""Buffered Dynamic Retry: a group whose rollouts all fail has zero advantage and teaches nothing. Its prompt, one
+failed answer and the verifier's feedback go into a bounded FIFO; with probability `prob` a batch slot (a whole
+group) becomes a repair task built from the oldest buffered item: the original prompt, the failed answer as the
+assistant turn, and the feedback as the next user turn. The buffer's state (items, counters, random state) is
+saved with every checkpoint, so a resumed run retries what the interrupted one had buffered.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from musacoder.bench.prompts import conversation
+
+
+@dataclass
+class BDRSettings:
+    enabled: bool = True
+    capacity: int = 256  # buffer size; not published
+    prob: float = 0.1  # chance that a batch slot becomes a repair task; the paper says "small", no value
+    evict: str = "oldest"  # when full: "oldest" drops the head to make room, "newest" refuses the new item
+    max_uses: int = 1  # times an item is re-issued before it leaves the buffer
+    unique_tasks: bool = True  # a newer failure of a task replaces its older buffered one
+
+    def __post_init__(self):
+        if self.evict not in ("oldest", "newest"):
+            raise ValueError(f"bdr.evict must be 'oldest' or 'newest', not {self.evict!r}")
+        if not 0.0 <= self.prob <= 1.0 or self.capacity < 1 or self.max_uses < 1:
+            raise ValueError("bdr needs 0 <= prob <= 1, capacity >= 1 and max_uses >= 1")
+
+
+@dataclass
+class RetryItem:
+    task: str  # task key
+    messages: list[dict]  # the first-turn prompt the group was given
+    code: str  # the failed answer (raw model output)
+    feedback: str  # the verifier's feedback on it
+    score: float = -1.0  # its eq.-2 reward
+    uses: int = 0
+
+    def repair_history(self) -> list[tuple[str, str, bool]]:
+        """The earlier round a repair task starts from, in `bench.prompts.conversation`'s form."""
+        return [(self.code, self.feedback, False)]
+
+    def repair_messages(self) -> list[dict]:
+        return conversation(self.messages, self.repair_history())
+
+
+@dataclass
+class RetryBuffer:
+    settings: BDRSettings = field(default_factory=BDRSettings)
+    seed: int = 0
+    items: deque = field(default_factory=deque)
+    added: int = 0
+    evicted: int = 0
+    refused: int = 0
+    issued: int = 0
+
+    def __post_init__(self):
+        self._rng = random.Random(self.seed)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, item: RetryItem) -> bool:
+        """Buffer an all-failed group's item; False when refused (full, evict="newest")."""
+        if self.settings.unique_tasks:
+            self.items = deque(i for i in self.items if i.task != item.task)
+        if len(self.items) >= self.settings.capacity:
+            if self.settings.evict == "newest":
+                self.refused += 1
+                return False
+            self.items.popleft()
+            self.evicted += 1
+        self.items.append(item)
+        self.added += 1
+        return True
+
+    def draw(self, slots: int) -> list[RetryItem | None]:
+        """Per batch slot, a repair item (with probability `prob`, oldest first) or None (keep the fresh prompt)."""
+        out: list[RetryItem | None] = []
+        for _ in range(slots):
+            if not self.items or self._rng.random() >= self.settings.prob:
+                out.append(None)
+                continue
+            item = self.items.popleft()
+            item.uses += 1
+            if item.uses < self.settings.max_uses:
+                self.items.append(item)  # back of the queue, to come round again
+            self.issued += 1
+            out.append(item)
+        return out
+
+    def state_dict(self) -> dict:
+        version, internal, gauss = self._rng.getstate()
+        return {"items": [asdict(i) for i in self.items], "added": self.added, "evicted": self.evicted,
+                "refused": self.refused, "issued": self.issued, "seed": self.seed,
+                "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.items = deque(RetryItem(**i) for i in state["items"])
+        self.added, self.evicted = state["added"], state["evicted"]
+        self.refused, self.issued, self.seed = state["refused"], state["issued"], state["seed"]
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.state_dict()))
+
+    def load(self, path: Path) -> None:
+        self.load_state_dict(json.loads(Path(path).read_text()))

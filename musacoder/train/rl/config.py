@@ -1,0 +1,107 @@
+"""RL settings as typed dataclasses, read from YAML. Defaults are the paper's published RL settings (group 8, 64
+prompts a step, lr 1e-6, warm-up 0.1, weight decay 0.1, grad clip 0.5, 8K prompt, 32K response, T 0.9, top-p 0.95,
+alpha 0.75, at most 3 turns); values it did not publish are marked as choices."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from musacoder.train.rl.bdr import BDRSettings
+
+
+@dataclass
+class PrimeEchoSettings:
+    enabled: bool = True  # False: the best-of-turns reward max_k s_k (the ablation)
+    alpha: float = 0.75
+    early_bonus: list[float] = field(default_factory=lambda: [0.2, 0.1])  # turns 1, 2; values not published
+
+
+@dataclass
+class MirrorPopSettings:
+    # mirror: drop when mean |log rho| > delta; signed: drop when |mean log rho| > delta (the filter it replaces);
+    # off: drop nothing. All three log both statistics, so runs can be compared.
+    mode: str = "mirror"
+    delta: float = 0.1  # not published; a sampler in step with the trainer stays near 0
+
+    def __post_init__(self):
+        if self.mode not in ("mirror", "signed", "off"):
+            raise ValueError(f"mirrorpop.mode must be mirror, signed or off, not {self.mode!r}")
+
+
+@dataclass
+class RLConfig:
+    model: str | None = None  # checkpoint directory of the policy (e.g. an SFT or RFT model)
+    # Instead of `model`: SFT settings (musacoder.train.sft.SFTConfig fields) run first, and RL starts from their
+    # final model. Without `data`, the records are the shipped tasks' honest example solutions in this run's prompts.
+    warm_start: dict | None = None
+    output_dir: str = "runs/rl"
+    tasks: str | None = None  # task file or directory; None: the shipped tasks
+    names: list[str] | None = None  # keep only these tasks
+    backend: str = "auto"  # prompt style and verifier backend: auto | cpu | cuda | triton
+    one_shot: bool = True
+    max_turns: int = 3  # 1: the single-turn warm-up
+    group_size: int = 8
+    prompts_per_step: int = 64
+    micro_batch: int = 8  # sequences per forward/backward; prompts_per_step * group_size must divide by it
+    max_steps: int = 100
+    learning_rate: float = 1e-6
+    lr_scheduler_type: str = "constant_with_warmup"  # not published
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.1
+    max_grad_norm: float = 0.5
+    eps_low: float = 0.2  # clip bounds: not published; DAPO's clip-higher values
+    eps_high: float = 0.28
+    beta: float = 0.001  # KL coefficient: not published
+    aggregation: str = "token"  # loss mean over all response tokens ("token") or per sequence first ("sequence")
+    temperature: float = 0.9
+    top_p: float = 0.95
+    top_k: int = 0
+    max_prompt_tokens: int = 8192
+    max_new_tokens: int = 32768
+    generation: str = "hf"  # hf: the trainer's own model | vllm: a vLLM server kept in sync by TRL
+    vllm_server_url: str | None = None
+    gen_batch_size: int = 16  # hf: sequences generated together
+    dtype: str = "auto"
+    bf16: bool | None = None  # None: where the device supports it
+    primeecho: PrimeEchoSettings = field(default_factory=PrimeEchoSettings)
+    bdr: BDRSettings = field(default_factory=BDRSettings)
+    mirrorpop: MirrorPopSettings = field(default_factory=MirrorPopSettings)
+    verifier_url: str | None = None  # the reward service; None: the verifier's batch API in this process
+    verify: dict = field(default_factory=dict)  # VerifyConfig fields for the batch API (`backend` follows ours)
+    save_steps: int = 50
+    save_total_limit: int | None = 2
+    resume: bool = True  # continue from the newest checkpoint in output_dir, BDR buffer included
+    seed: int = 0
+    trainer: dict = field(default_factory=dict)  # further trl.GRPOConfig fields as they are
+
+    def __post_init__(self):
+        for name, typ in (("primeecho", PrimeEchoSettings), ("bdr", BDRSettings), ("mirrorpop", MirrorPopSettings)):
+            if isinstance(getattr(self, name), dict):
+                setattr(self, name, typ(**getattr(self, name)))
+        if (self.model is None) == (self.warm_start is None):
+            raise ValueError("give exactly one of `model` (a checkpoint) and `warm_start` (SFT settings)")
+        if self.max_turns < 1 or self.group_size < 2:
+            raise ValueError("max_turns must be >= 1 and group_size >= 2 (advantages are relative to the group)")
+        if (self.prompts_per_step * self.group_size) % self.micro_batch:
+            raise ValueError("prompts_per_step * group_size must be a multiple of micro_batch")
+        if self.generation not in ("hf", "vllm"):
+            raise ValueError(f"generation must be 'hf' or 'vllm', not {self.generation!r}")
+        if self.aggregation not in ("token", "sequence"):
+            raise ValueError(f"aggregation must be 'token' or 'sequence', not {self.aggregation!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RLConfig":
+        names = {f.name for f in fields(cls)}
+        if unknown := set(d) - names:
+            raise ValueError(f"unknown RL setting(s) {sorted(unknown)}; known: {sorted(names)}")
+        return cls(**d)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides) -> "RLConfig":
+        return cls.from_dict({**(yaml.safe_load(Path(path).read_text()) or {}), **overrides})
+
+    def to_dict(self) -> dict:
+        return asdict(self)

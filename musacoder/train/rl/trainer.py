@@ -1,0 +1,317 @@
+"""Single-node execution-feedback RL on TRL's GRPOTrainer: `train_rl(RLConfig.from_yaml(path))`.
+
+TRL samples the prompts (each repeated `group_size` times), computes group-normalised advantages and the clipped
+loss. This module supplies the rest through TRL's hooks:
+- `rollout_func` (`Rollouts`): BDR turns some groups into repair tasks, the multi-turn rollout generates and
+  verifies, PrimeEcho scores each trajectory; only the first response's tokens go back to TRL, so the gradient
+  flows through the first turn alone. Its engine log-probs come back as pi_rollout.
+- a reward function that hands TRL the PrimeEcho rewards computed in the rollout;
+- `get_off_policy_mask`, TRL's per-sequence loss mask, overridden with MirrorPop (or the signed-mean filter);
+- a callback writing `metrics.jsonl` and saving the BDR buffer into every checkpoint.
+It runs in one process (one GPU or the CPU): BDR swaps whole groups, which TRL splits across processes when there
+are several. Multi-GPU and multi-node runs go through verl (`verl_adapter`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import yaml
+
+from musacoder.bench.prompts import task_messages
+from musacoder.tasks import Task, load_tasks
+from musacoder.tasks.loaders import BUILTIN_DIR
+from musacoder.train.rl.algos import best_turn_reward, log_ratio_means, primeecho_reward
+from musacoder.train.rl.bdr import RetryBuffer, RetryItem
+from musacoder.train.rl.config import MirrorPopSettings, RLConfig
+from musacoder.train.rl.engines import HFEngine, Sampling, VLLMEngine
+from musacoder.train.rl.rollout import Job, Trajectory, run_rollout
+from musacoder.train.rl.verifiers import Verifier, make_verifier
+
+METRICS = "metrics.jsonl"
+BDR_STATE = "bdr_state.json"
+FINAL = "final"
+
+
+def resolve_backend(backend: str) -> str:
+    return ("cuda" if torch.cuda.is_available() else "cpu") if backend == "auto" else backend
+
+
+def _prompt_key(messages: list[dict]) -> str:
+    return json.dumps(messages, sort_keys=True)
+
+
+def trajectory_reward(t: Trajectory, cfg: RLConfig) -> float:
+    if cfg.primeecho.enabled:
+        return primeecho_reward(t.scores, t.passed, cfg.primeecho.alpha, cfg.primeecho.early_bonus)
+    return best_turn_reward(t.scores)
+
+
+class Rollouts:
+    """TRL's `rollout_func`: prompts (each repeated group_size times, in a row) -> first-turn tokens and rewards."""
+
+    def __init__(self, cfg: RLConfig, tasks: list[Task], backend: str, verifier: Verifier, buffer: RetryBuffer):
+        self.cfg, self.verifier, self.buffer = cfg, verifier, buffer
+        self.tasks = {t.key: t for t in tasks}
+        self.by_prompt = {_prompt_key(task_messages(t, backend, cfg.one_shot)): t for t in tasks}
+        self.engine = None
+
+    def _engine(self, trainer):
+        if self.cfg.generation == "vllm":
+            return VLLMEngine(trainer)
+        from trl.models import unwrap_model_for_generation
+
+        def model_ctx():
+            return unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                               gather_deepspeed3_params=trainer.args.ds3_gather_for_generation)
+        c = self.cfg
+        return HFEngine(trainer.processing_class, model_ctx,
+                        Sampling(c.temperature, c.top_p, c.top_k, c.max_new_tokens), trainer.eos_token_ids,
+                        c.gen_batch_size)
+
+    def jobs(self, prompts: list) -> tuple[list[Job], int]:
+        """One job per prompt; whole groups become BDR repair tasks. Returns the jobs and the retries issued."""
+        g = self.cfg.group_size
+        if len(prompts) % g or any(prompts[i] != prompts[i - i % g] for i in range(len(prompts))):
+            raise RuntimeError("rollouts expect each prompt repeated group_size times in a row (one process)")
+        firsts = prompts[::g]
+        draws = self.buffer.draw(len(firsts)) if self.cfg.bdr.enabled else [None] * len(firsts)
+        jobs = []
+        for p, item in zip(firsts, draws):
+            if item is not None:
+                job = Job(self.tasks[item.task], item.messages, item.repair_history(), repair=True)
+            else:
+                job = Job(self.by_prompt[_prompt_key(p)], p)
+            jobs += [job] * g
+        return jobs, sum(d is not None for d in draws)
+
+    def __call__(self, prompts: list, trainer) -> dict:
+        if trainer.accelerator.num_processes > 1:
+            raise RuntimeError("the TRL trainer runs in one process; use the verl adapter for several GPUs")
+        self.engine = self.engine or self._engine(trainer)
+        jobs, retries = self.jobs(prompts)
+        trajs, st = run_rollout(jobs, self.engine, self.verifier, self.cfg.max_turns, self.cfg.max_prompt_tokens)
+        rewards = [trajectory_reward(t, self.cfg) for t in trajs]
+        g = self.cfg.group_size
+        groups = [trajs[i:i + g] for i in range(0, len(trajs), g)]
+        dead = [grp for grp in groups if not any(any(t.passed) for t in grp)]
+        for grp in dead:
+            if self.cfg.bdr.enabled and not grp[0].job.repair:  # a failed repair is not buffered again
+                self.buffer.add(_retry_item(grp))
+        repair = [t for t in trajs if t.job.repair]
+        log = trainer._log_metric  # the hook behind TRL's `log_metric`; flushed into this step's logs
+        for name, value in {
+            "rl/reward_mean": sum(rewards) / len(rewards),
+            "rl/reward_std": torch.tensor(rewards).std().item(),
+            "rl/first_turn_pass": sum(t.turns[0].passed for t in trajs) / len(trajs),
+            "rl/best_turn_pass": sum(any(t.passed) for t in trajs) / len(trajs),
+            "rl/mean_turns": sum(len(t.turns) for t in trajs) / len(trajs),
+            "rl/all_failed_groups": len(dead) / len(groups),
+            "bdr/buffer_size": len(self.buffer),
+            "bdr/retries": retries,
+            "bdr/retries_total": self.buffer.issued,
+            "bdr/repair_pass": sum(any(t.passed) for t in repair) / len(repair) if repair else math.nan,
+            "rollout/tokens": st.tokens,
+            "rollout/generate_s": st.generate_s,
+            "rollout/tokens_per_s": st.tokens / st.generate_s if st.generate_s else 0.0,
+            "rollout/stopped_long": st.stopped_long,
+            "verifier/seconds": st.verify_s,
+            "verifier/calls": st.responses,
+        }.items():
+            log(name, float(value))
+        return {"prompt_ids": [t.first.prompt_ids for t in trajs],
+                "completion_ids": [t.first.completion_ids for t in trajs],
+                "logprobs": [t.first.logprobs for t in trajs],
+                "rl_reward": rewards}
+
+
+def _retry_item(group: list[Trajectory]) -> RetryItem:
+    """The group's most nearly right answer (best score over all turns) and the feedback it got."""
+    t, turn = max(((t, turn) for t in group for turn in t.turns), key=lambda x: x[1].score)
+    return RetryItem(t.job.task.key, t.job.messages, turn.text, turn.feedback, turn.score)
+
+
+def rl_reward(prompts, completions, rl_reward, **kwargs) -> list[float]:
+    """The PrimeEcho (or best-of-turns) reward each trajectory got in the rollout."""
+    return list(rl_reward)
+
+
+def _trainer_class():
+    from trl import GRPOTrainer
+
+    class MirrorPopTrainer(GRPOTrainer):
+        """GRPOTrainer whose per-sequence off-policy mask is MirrorPop's (`mirrorpop` set after construction)."""
+
+        mirrorpop: MirrorPopSettings
+
+        def get_off_policy_mask(self, advantages, per_token_logps, sampling_per_token_logps, mask,
+                                off_policy_threshold):
+            mirror, signed = log_ratio_means(per_token_logps.detach(), sampling_per_token_logps, mask)
+            delta = self.mirrorpop.delta
+            keep = {"mirror": mirror <= delta, "signed": signed.abs() <= delta,
+                    "off": torch.ones_like(mirror, dtype=torch.bool)}
+            m = self._metrics["train" if self.model.training else "eval"]
+            m["mirrorpop/mean_abs_log_ratio"].append(mirror.mean().item())
+            m["mirrorpop/mean_signed_log_ratio"].append(signed.mean().item())
+            m["mirrorpop/mirror_drop_frac"].append(1 - keep["mirror"].float().mean().item())
+            m["mirrorpop/signed_drop_frac"].append(1 - keep["signed"].float().mean().item())
+            m["mirrorpop/drop_frac"].append(1 - keep[self.mirrorpop.mode].float().mean().item())
+            return keep[self.mirrorpop.mode].unsqueeze(1).to(mask.dtype)
+
+    return MirrorPopTrainer
+
+
+def _callback(out: Path, buffer: RetryBuffer):
+    from transformers import TrainerCallback
+
+    class RunLog(TrainerCallback):
+        """Per-step metrics into metrics.jsonl; the BDR buffer into every checkpoint."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs:
+                return
+            rec = {"step": state.global_step, **logs}
+            if rec.get("step_time") and "verifier/seconds" in rec:
+                rec["verifier/share"] = rec["verifier/seconds"] / rec["step_time"]
+            with open(out / METRICS, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                buffer.save(out / f"checkpoint-{state.global_step}" / BDR_STATE)
+
+    return RunLog()
+
+
+def _tasks(cfg: RLConfig) -> list[Task]:
+    tasks = load_tasks(cfg.tasks or BUILTIN_DIR, names=cfg.names)
+    if not tasks:
+        raise ValueError(f"no tasks in {cfg.tasks or BUILTIN_DIR} matching {cfg.names}")
+    return tasks
+
+
+def warm_start_records(tasks: list[Task], backend: str, one_shot: bool) -> list[dict]:
+    """SFT records: each task's prompt as RL asks it, answered by its shipped honest example(s)."""
+    from musacoder.examples_catalog import load_catalog
+
+    keys = {t.key: t for t in tasks}
+    return [{"messages": task_messages(keys[e.task], backend, one_shot)
+             + [{"role": "assistant", "content": "```python\n" + e.path.read_text().strip() + "\n```"}],
+             "task": e.task, "metadata": {"source": e.file}}
+            for e in load_catalog(backend) if e.honest and e.task in keys]
+
+
+def warm_start(cfg: RLConfig, tasks: list[Task], backend: str) -> str:
+    """Run the SFT warm start (skipped when its final model exists); returns the model directory."""
+    from musacoder.train.data import write_records
+    from musacoder.train.sft import FINAL as SFT_FINAL, SFTConfig, train_sft
+
+    out = Path(cfg.output_dir) / "warm_start"
+    settings = {"output_dir": str(out), "seed": cfg.seed, **cfg.warm_start}
+    if "data" not in settings:
+        records = warm_start_records(tasks, backend, cfg.one_shot)
+        if not records:
+            raise ValueError(f"no shipped {backend} solutions for the RL tasks to warm-start on")
+        write_records(out / "solutions.jsonl", records)
+        settings["data"] = [str(out / "solutions.jsonl")]
+    sft = SFTConfig.from_dict(settings)
+    final = Path(sft.output_dir) / SFT_FINAL
+    if not (final / "config.json").exists():
+        train_sft(sft)
+    return str(final)
+
+
+def build_trainer(cfg: RLConfig):
+    """A ready MirrorPop GRPOTrainer (not yet trained), with its rollout function and BDR buffer."""
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    backend = resolve_backend(cfg.backend)
+    tasks = _tasks(cfg)
+    model_path = cfg.model or warm_start(cfg, tasks, backend)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=cfg.dtype)
+    verifier = make_verifier(cfg.verifier_url, {**cfg.verify, "backend": backend})
+    buffer = RetryBuffer(cfg.bdr, seed=cfg.seed)
+    rollouts = Rollouts(cfg, tasks, backend, verifier, buffer)
+    # every step sees prompts_per_step prompts: repeat the (usually few) tasks to fill at least one step
+    rows = [{"prompt": task_messages(t, backend, cfg.one_shot), "task": t.key} for t in tasks]
+    rows = rows * math.ceil(cfg.prompts_per_step / len(rows))
+    completions = cfg.prompts_per_step * cfg.group_size
+    bf16 = cfg.bf16 if cfg.bf16 is not None else torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    args = trl.GRPOConfig(
+        output_dir=str(out), max_steps=cfg.max_steps, learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm, per_device_train_batch_size=cfg.micro_batch,
+        gradient_accumulation_steps=completions // cfg.micro_batch, num_generations=cfg.group_size,
+        epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, beta=cfg.beta,
+        use_bias_correction_kl=False,  # the plain k3 KL of GRPO, as algos.policy_loss
+        loss_type="dapo" if cfg.aggregation == "token" else "grpo", scale_rewards="group",
+        temperature=cfg.temperature, top_p=cfg.top_p, max_completion_length=cfg.max_new_tokens,
+        off_policy_mask_threshold=cfg.mirrorpop.delta,  # routes TRL through get_off_policy_mask (MirrorPop)
+        use_vllm=cfg.generation == "vllm", vllm_mode="server",
+        **({"vllm_server_base_url": cfg.vllm_server_url} if cfg.vllm_server_url else {}),
+        vllm_importance_sampling_correction=False,  # MirrorPop is this method's off-policy correction
+        bf16=bf16, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
+        logging_steps=1, report_to="none", seed=cfg.seed, dataloader_pin_memory=torch.cuda.is_available(),
+        **cfg.trainer)
+    trainer = _trainer_class()(model=model, reward_funcs=[rl_reward], args=args,
+                               train_dataset=Dataset.from_list(rows), processing_class=tok,
+                               rollout_func=rollouts, callbacks=[_callback(out, buffer)])
+    trainer.mirrorpop = cfg.mirrorpop
+    return trainer, buffer
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop the lines past the checkpoint a run resumes from: those steps run again."""
+    if path.exists():
+        lines = [ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= step]
+        path.write_text("".join(ln + "\n" for ln in lines))
+
+
+def plot_reward(metrics: Path, png: Path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [r for r in map(json.loads, metrics.read_text().splitlines()) if "rl/reward_mean" in r]
+    if not recs:
+        return
+    steps = [r["step"] for r in recs]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r["rl/reward_mean"] for r in recs], marker="o", label="mean trajectory reward")
+    ax.plot(steps, [r["rl/first_turn_pass"] for r in recs], marker=".", label="first-turn pass rate")
+    ax.set(xlabel="RL step", title=title or metrics.parent.name)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def train_rl(cfg: RLConfig) -> Path:
+    """Train (or resume) into cfg.output_dir; returns the final model's directory."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    out = Path(cfg.output_dir)
+    trainer, buffer = build_trainer(cfg)
+    last = get_last_checkpoint(str(out)) if cfg.resume else None
+    if last:
+        if (Path(last) / BDR_STATE).exists():
+            buffer.load(Path(last) / BDR_STATE)
+        _truncate_metrics(out / METRICS, int(Path(last).name.split("-")[-1]))
+    elif (out / METRICS).exists():
+        (out / METRICS).unlink()  # a fresh run
+    trainer.train(resume_from_checkpoint=last)
+    trainer.save_model(str(out / FINAL))
+    (out / "rl_config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    plot_reward(out / METRICS, out / "reward.png")
+    return out / FINAL

@@ -1,0 +1,273 @@
+"""Multi-node RL through verl (Ray): the same PrimeEcho, BDR and MirrorPop, plugged into verl's extension points.
+
+Importing this module registers (set `VERL_USE_EXTERNAL_MODULES=musacoder.train.rl.verl_adapter` so every verl
+process imports it; configs/verl/ has an example):
+- agent loop `musacoder_agent` (`KernelAgentLoop`): the multi-turn rollout against the verifier; the output is the
+  first turn only (the policy gradient goes through it alone) and carries the PrimeEcho reward, so verl's reward
+  loop is skipped. It reports each trajectory to the BDR buffer.
+- reward manager `musacoder` (`MooreEvalRewardManager`): one verification per response, for single-turn runs with
+  verl's own single-turn agent loop.
+- `BDRDataset` (`data.custom_cls`): verl's RLHFDataset whose items become repair tasks with probability p, drawn
+  from one Ray actor that holds the buffer (`RetryBufferActor`). verl repeats a dataset item rollout.n times, so a
+  whole group gets the same repair task.
+- policy loss `mirrorpop`: drops sequences whose mean |log rho| exceeds delta, with rho the token ratio
+  pi_train / pi_rollout that verl hands the loss as `rollout_is_weights` (algorithm.rollout_correction.rollout_is:
+  token, with a threshold that never truncates); then verl's vanilla clipped loss on what is kept.
+Settings come from `reward.reward_kwargs.musacoder` of the verl config (`VerlSettings`), MirrorPop's from the
+environment (see `mirrorpop_policy_loss`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from uuid import uuid4
+
+import ray
+import torch
+
+from musacoder.bench.prompts import conversation, task_messages
+from musacoder.tasks.model import Task
+from musacoder.train.rl.algos import best_turn_reward, log_ratio_means, primeecho_reward
+from musacoder.train.rl.bdr import BDRSettings, RetryBuffer, RetryItem
+from musacoder.train.rl.config import MirrorPopSettings, PrimeEchoSettings
+from musacoder.verifier.verdict import Verdict
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register as register_agent_loop
+from verl.experimental.reward_loop.reward_manager import register as register_reward_manager
+from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_policy_loss
+from verl.utils.dataset.rl_dataset import RLHFDataset
+
+BUFFER_ACTOR = "musacoder-bdr"
+
+
+@dataclass
+class VerlSettings:
+    verifier_url: str | None = None  # the reward service; None: the verifier's batch API inside the worker
+    token_env: str = "MUSACODER_TOKEN"
+    verify: dict = field(default_factory=dict)  # VerifyConfig fields for the batch API
+    max_turns: int = 3
+    primeecho: PrimeEchoSettings = field(default_factory=PrimeEchoSettings)
+    bdr: BDRSettings = field(default_factory=BDRSettings)
+    bdr_state: str | None = None  # file the buffer actor keeps its state in (a resumed run reloads it)
+
+    @classmethod
+    def from_dict(cls, d) -> "VerlSettings":
+        from omegaconf import OmegaConf
+
+        d = OmegaConf.to_container(d, resolve=True) if OmegaConf.is_config(d) else dict(d)
+        s = cls(**d)
+        for name, typ in (("primeecho", PrimeEchoSettings), ("bdr", BDRSettings)):
+            if isinstance(getattr(s, name), dict):
+                setattr(s, name, typ(**getattr(s, name)))
+        return s
+
+    @classmethod
+    def from_config(cls, config) -> "VerlSettings":
+        """From the whole verl config: reward.reward_kwargs.musacoder."""
+        return cls.from_dict((config.reward.get("reward_kwargs", None) or {}).get("musacoder", None) or {})
+
+
+def task_rows(tasks: list[Task], backend: str, one_shot: bool = True) -> list[dict]:
+    """verl dataset rows (write them to parquet): the prompt as the benchmark asks it, the task in extra_info."""
+    return [{"data_source": "musacoder", "prompt": task_messages(t, backend, one_shot), "agent_name": "musacoder_agent",
+             "reward_model": {"style": "verifier", "ground_truth": ""},
+             "extra_info": {"index": i, "task": {"name": t.name, "code": t.code, "level": t.level,
+                                                 "problem_id": t.problem_id}}}
+            for i, t in enumerate(tasks)]
+
+
+def _task(info: dict) -> Task:
+    return Task(**info["task"])
+
+
+class AsyncVerifier:
+    """verify(task, text) from async code: the service's async client, or the batch API in a thread."""
+
+    def __init__(self, s: VerlSettings):
+        self.s, self._client = s, None
+
+    async def verify(self, task: Task, text: str) -> Verdict:
+        if self.s.verifier_url:
+            from musacoder.service.client import AsyncVerifierClient
+
+            self._client = self._client or AsyncVerifierClient(self.s.verifier_url, os.environ.get(self.s.token_env))
+            return await self._client.verify(task, text)
+        from musacoder.train.rl.verifiers import make_verifier
+
+        verifier = make_verifier(None, self.s.verify)
+        return (await asyncio.get_running_loop().run_in_executor(None, verifier.verify, [(task, text)]))[0]
+
+
+class RetryBufferActor:
+    """The BDR buffer for the whole run: agent loops report trajectories, the dataset draws repair tasks.
+    A group is all-failed once `n` trajectories of one uid came in and none passed."""
+
+    def __init__(self, settings: dict, seed: int = 0, state_path: str | None = None):
+        self.buffer = RetryBuffer(BDRSettings(**settings), seed=seed)
+        self.state_path = Path(state_path) if state_path else None
+        self.pending: dict[str, list] = {}
+        if self.state_path and self.state_path.exists():
+            self.buffer.load(self.state_path)
+
+    def report(self, uid: str, n: int, passed: bool, item: dict | None) -> bool:
+        """One trajectory of group `uid`; `item` is its best failed answer (None for a repair task, which is never
+        buffered again). True when this report completed an all-failed group that was buffered."""
+        got = self.pending.setdefault(uid, [])
+        got.append((passed, item))
+        if len(got) < n:
+            return False
+        del self.pending[uid]
+        failed = [it for p, it in got if not p and it]
+        if any(p for p, _ in got) or len(failed) < n:
+            return False
+        added = self.buffer.add(RetryItem(**max(failed, key=lambda it: it["score"])))
+        self._save()
+        return added
+
+    def draw(self) -> dict | None:
+        item = self.buffer.draw(1)[0]
+        self._save()
+        return asdict(item) if item else None
+
+    def state(self) -> dict:
+        return self.buffer.state_dict()
+
+    def _save(self):
+        if self.state_path:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            self.buffer.save(self.state_path)
+
+
+_actor = {}
+
+
+def buffer_actor(s: VerlSettings, seed: int = 0):
+    """The run's one buffer actor (named, so every process finds the same), created by whoever asks first."""
+    if "handle" not in _actor:
+        _actor["handle"] = ray.remote(RetryBufferActor).options(name=BUFFER_ACTOR, get_if_exists=True).remote(
+            asdict(s.bdr), seed, s.bdr_state)
+    return _actor["handle"]
+
+
+@register_agent_loop("musacoder_agent")
+class KernelAgentLoop(AgentLoopBase):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.s = VerlSettings.from_config(self.config)
+        self.verifier = AsyncVerifier(self.s)
+
+
+    async def run(self, sampling_params: dict, **kwargs) -> AgentLoopOutput:
+        info = kwargs["extra_info"]
+        task = _task(info)
+        first = info.get("first_messages") or list(kwargs["raw_prompt"])  # a repair task keeps the original prompt
+        rounds = [tuple(r) for r in info.get("history", [])]
+        scores, passed, statuses, out0 = [], [], [], None
+        best: tuple[float, str, str] | None = None
+        for k in range(self.s.max_turns):
+            ids = await self.ct_build_initial_tokens(conversation(first, rounds))
+            if k and len(ids) > self.rollout_config.prompt_length:
+                break  # the conversation outgrew the prompt budget
+            out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=ids,
+                                                     sampling_params=sampling_params)
+            out0 = out0 or (ids, out)
+            text = self.tokenizer.decode(out.token_ids[:self.rollout_config.response_length], skip_special_tokens=True)
+            v = await self.verifier.verify(task, text)
+            scores.append(v.reward)
+            passed.append(v.passed)
+            statuses.append(v.status.value)
+            best = max(best or (v.reward, text, v.feedback), (v.reward, text, v.feedback), key=lambda b: b[0])
+            rounds.append((text, v.feedback, v.passed))
+            if v.passed:
+                break
+        p = self.s.primeecho
+        reward = primeecho_reward(scores, passed, p.alpha, p.early_bonus) if p.enabled else best_turn_reward(scores)
+        if self.s.bdr.enabled and "uid" in kwargs:
+            item = None if info.get("repair") else asdict(RetryItem(task.key, first, best[1], best[2], best[0]))
+            await buffer_actor(self.s).report.remote(str(kwargs["uid"]), self.rollout_config.n, any(passed), item)
+        ids, out = out0
+        merged, mask, logprobs = await self.ct_merge_assistant_token(
+            ids, out.token_ids, [], [] if out.log_probs else None,
+            assistant_logprobs=out.log_probs if out.log_probs else None)
+        n = self.rollout_config.response_length
+        response = merged.token_ids[-len(mask):] if mask else []
+        return AgentLoopOutput(
+            prompt_ids=merged.token_ids[:len(merged.token_ids) - len(mask)], response_ids=response[:n],
+            response_mask=mask[:n], response_logprobs=logprobs[:n] if logprobs else None, reward_score=reward,
+            num_turns=2 * len(scores), metrics={},
+            extra_fields={"turn_scores": scores, "turn_statuses": statuses, "repair": bool(info.get("repair"))})
+
+
+@register_reward_manager("musacoder")
+class MooreEvalRewardManager(RewardManagerBase):
+    """Single-turn reward: the verifier's eq.-2 score of the response, plus PrimeEcho's turn-1 bonus on a pass."""
+
+    def __init__(self, config, tokenizer, compute_score=None, reward_router_address=None,
+                 reward_model_tokenizer=None):
+        super().__init__(config, tokenizer, compute_score)
+        self.s = VerlSettings.from_config(config)
+        self.verifier = AsyncVerifier(self.s)
+
+    async def run_single(self, data) -> dict:
+        item = data[-1]
+        response = item.batch["responses"]
+        valid = int(item.batch["attention_mask"][-response.shape[-1]:].sum())
+        text = self.tokenizer.decode(response[:valid], skip_special_tokens=True)
+        v = await self.verifier.verify(_task(item.non_tensor_batch["extra_info"]), text)
+        p = self.s.primeecho
+        score = primeecho_reward([v.reward], [v.passed], p.alpha, p.early_bonus) if p.enabled else v.reward
+        return {"reward_score": score, "reward_extra_info": {"verifier_reward": v.reward, "passed": v.passed,
+                                                             "status": v.status.value}}
+
+
+class BDRDataset(RLHFDataset):
+    """RLHFDataset whose item becomes, with BDR's probability, a repair task from the shared buffer. Its settings
+    are the data config's `musacoder` node (the same as reward.reward_kwargs.musacoder); it talks to the buffer
+    actor, so it needs data.dataloader_num_workers=0 (items built in the driver, which is connected to Ray)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.s = VerlSettings.from_dict(self.config.get("musacoder", None) or {})
+        self.tasks = {Task(**info["task"]).key: info["task"] for info in self.dataframe["extra_info"]}
+
+    def __getitem__(self, item):
+        row = super().__getitem__(item)
+        drawn = ray.get(buffer_actor(self.s).draw.remote()) if self.s.bdr.enabled else None
+        if drawn:
+            it = RetryItem(**drawn)
+            row["raw_prompt"] = it.repair_messages()
+            row["extra_info"] = {**row["extra_info"], "repair": True, "first_messages": it.messages,
+                                 "history": it.repair_history(), "task": self.tasks[it.task]}
+        return row
+
+
+def mirrorpop_settings() -> MirrorPopSettings:
+    mode, delta = os.environ.get("MUSACODER_MIRRORPOP", "mirror:0.1").split(":")
+    return MirrorPopSettings(mode, float(delta))
+
+
+@register_policy_loss("mirrorpop")
+def mirrorpop_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                          config=None, rollout_is_weights=None):
+    """verl's clipped loss on the sequences MirrorPop keeps. `rollout_is_weights` are the token ratios
+    pi_train / pi_rollout (verl's rollout correction, token level); without them nothing is dropped. verl's actor
+    config takes no extra fields, so mode and delta come from MUSACODER_MIRRORPOP="mode:delta" (set it in Ray's
+    runtime_env), default "mirror:0.1"."""
+    s = mirrorpop_settings()
+    mask = response_mask
+    metrics = {}
+    if rollout_is_weights is not None and s.mode != "off":
+        log_rho = torch.log(rollout_is_weights.clamp(min=1e-20))
+        mirror, signed = log_ratio_means(log_rho, torch.zeros_like(log_rho), response_mask.float())
+        keep = mirror <= s.delta if s.mode == "mirror" else signed.abs() <= s.delta
+        mask = response_mask * keep.unsqueeze(1).to(response_mask.dtype)
+        metrics = {"mirrorpop/drop_frac": 1 - keep.float().mean().item(),
+                   "mirrorpop/mean_abs_log_ratio": mirror.mean().item(),
+                   "mirrorpop/signed_drop_frac": 1 - (signed.abs() <= s.delta).float().mean().item()}
+    loss, pg_metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, loss_agg_mode, config,
+                                                   rollout_is_weights=None)  # MirrorPop replaces the IS weights
+    return loss, {**pg_metrics, **metrics}

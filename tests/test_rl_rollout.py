@@ -1,0 +1,80 @@
+"""The multi-turn rollout against the real verifier (cpu backend). The engine is scripted: a tiny model cannot be
+made to write a given kernel on a given turn, so the test stands in for the model (only for it)."""
+
+import pytest
+
+from musacoder.bench.prompts import task_messages
+from musacoder.examples_catalog import EXAMPLES_DIR
+from musacoder.tasks import builtin_task
+from musacoder.train.rl.algos import primeecho_reward
+from musacoder.train.rl.engines import Sample
+from musacoder.train.rl.rollout import Job, run_rollout
+from musacoder.train.rl.verifiers import LocalVerifier
+
+RELU = builtin_task("level1/19_ReLU")
+NO_CODE = "<think>hmm</think>I would use a loop."
+HONEST = "```python\n" + (EXAMPLES_DIR / "cpu/honest_relu.py").read_text() + "\n```"
+
+
+class Scripted:
+    """Answers per conversation from a script keyed by the number of assistant turns already in it."""
+
+    def __init__(self, by_round):
+        self.by_round, self.seen = by_round, []
+
+    def encode(self, messages):
+        return list(range(sum(len(m["content"]) for m in messages) // 10))
+
+    def generate(self, conversations):
+        self.seen.append(conversations)
+        out = []
+        for conv in conversations:
+            text = self.by_round[sum(m["role"] == "assistant" for m in conv)]
+            out.append(Sample(self.encode(conv), [1] * len(text.split()), [-0.5] * len(text.split()), text, False))
+        return out
+
+
+def test_failing_turns_feed_back_and_stop_at_max_turns(cpu_config):
+    eng = Scripted({0: NO_CODE, 1: NO_CODE, 2: NO_CODE})
+    first = task_messages(RELU, "cpu", one_shot=False)
+    trajs, st = run_rollout([Job(RELU, first)] * 2, eng, LocalVerifier(cpu_config), max_turns=3)
+    assert [len(t.turns) for t in trajs] == [3, 3] and st.responses == 6 and st.tokens == 6 * 5
+    assert all(t.status == "format_error" and t.score == -1.0 and not t.passed for t in trajs[0].turns)
+    assert trajs[0].first_success is None
+    turn2 = eng.seen[1][0]
+    assert turn2[:2] == first and turn2[2] == {"role": "assistant", "content": "I would use a loop."}
+    assert turn2[3]["content"].startswith("=== System Feedback for Round 1 ===\nStatus: format_error")
+    assert eng.seen[2][0][5]["content"].startswith("=== System Feedback for Round 2 ===")
+    assert trajs[0].first.text == NO_CODE  # the sample trained on is the first response
+
+
+def test_single_turn_mode_and_repair_numbering(cpu_config):
+    eng = Scripted({0: NO_CODE, 1: NO_CODE, 2: NO_CODE})
+    first = task_messages(RELU, "cpu", one_shot=False)
+    trajs, _ = run_rollout([Job(RELU, first)], eng, LocalVerifier(cpu_config), max_turns=1)
+    assert len(trajs[0].turns) == 1 and len(eng.seen) == 1
+    eng = Scripted({1: NO_CODE, 2: NO_CODE})
+    repair = Job(RELU, first, [("old answer", "Status: incorrect", False)], repair=True)
+    trajs, _ = run_rollout([repair], eng, LocalVerifier(cpu_config), max_turns=2)
+    assert eng.seen[0][0][3]["content"].startswith("=== System Feedback for Round 1 ===\nStatus: incorrect")
+    assert eng.seen[1][0][5]["content"].startswith("=== System Feedback for Round 2 ===")
+    assert len(trajs[0].turns) == 2  # the repair response is the trajectory's first turn
+
+
+def test_long_conversations_stop(cpu_config):
+    eng = Scripted({0: NO_CODE, 1: NO_CODE})
+    first = task_messages(RELU, "cpu", one_shot=False)
+    limit = len(eng.encode(first)) + 5  # the first prompt fits, the one carrying feedback does not
+    trajs, st = run_rollout([Job(RELU, first)], eng, LocalVerifier(cpu_config), max_turns=3, max_prompt_tokens=limit)
+    assert len(trajs[0].turns) == 1 and st.stopped_long == 1
+
+
+@pytest.mark.slow
+def test_repaired_on_turn_two_by_the_real_verifier(cpu_config):
+    eng = Scripted({0: NO_CODE, 1: HONEST, 2: NO_CODE})
+    trajs, st = run_rollout([Job(RELU, task_messages(RELU, "cpu", one_shot=False))], eng, LocalVerifier(cpu_config))
+    t = trajs[0]
+    assert [x.status for x in t.turns] == ["format_error", "ok"] and t.first_success == 2
+    assert t.scores == [-1.0, 1.0]  # timing off: a correct kernel scores exactly 1
+    assert primeecho_reward(t.scores, t.passed) == pytest.approx(-0.4)
+    assert len(eng.seen) == 2 and st.verify_s > 0
