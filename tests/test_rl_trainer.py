@@ -15,7 +15,8 @@ from musacoder.train.rl.algos import mirrorpop_keep, policy_loss  # noqa: E402
 from musacoder.train.rl.config import RLConfig  # noqa: E402
 from musacoder.train.rl.engines import Sample  # noqa: E402
 from musacoder.train.rl.rollout import Job, Trajectory, Turn  # noqa: E402
-from musacoder.train.rl.trainer import BDR_STATE, METRICS, build_trainer, train_rl, trajectory_reward  # noqa: E402
+from musacoder.train.rl.trainer import (  # noqa: E402
+    BDR_STATE, METRICS, ROLLOUTS, build_trainer, train_rl, trajectory_reward, warm_start_records)
 
 RELU = builtin_task("level1/19_ReLU")
 
@@ -76,10 +77,21 @@ def test_run_buffers_dead_groups_retries_them_and_resumes_with_the_buffer(tiny_p
     assert saved["issued"] == 1 and [i["task"] for i in saved["items"]] == ["level1/19_ReLU"]
     assert "=== System Feedback" not in saved["items"][0]["messages"][-1]["content"]  # the fresh prompt
 
-    train_rl(settings(tiny_policy, out, cache_dir, max_steps=3))  # resumes from checkpoint-2
+    rolls = [json.loads(ln) for ln in (out / ROLLOUTS).read_text().splitlines()]
+    assert [r["step"] for r in rolls] == [1] * 4 + [2] * 4  # 2 groups of 2 trajectories a step
+    assert [r["repair"] for r in rolls] == [False] * 4 + [True, True, False, False]
+    assert all(len(r["turns"]) == 2 and r["turns"][0]["status"] == "format_error" for r in rolls)
+    assert "texts" not in rolls[0]
+
+    with open(out / ROLLOUTS, "a") as f:  # as if a crash after checkpoint-2 left a third step's lines
+        f.write(json.dumps({**rolls[0], "step": 3}) + "\n")
+    train_rl(settings(tiny_policy, out, cache_dir, max_steps=3, log_texts=True))  # resumes from checkpoint-2
     s = steps(out)
     assert [r["step"] for r in s] == [1, 2, 3]
     assert s[2]["bdr/retries"] == 1 and s[2]["bdr/retries_total"] == 2  # the restored buffer was drawn from
+    rolls = [json.loads(ln) for ln in (out / ROLLOUTS).read_text().splitlines()]
+    assert [r["step"] for r in rolls] == [1] * 4 + [2] * 4 + [3] * 4  # the stale step-3 line is gone
+    assert all(len(r["texts"]) == 2 for r in rolls[8:])
 
 
 def test_ablation_switches(tiny_policy, tmp_path, cache_dir):
@@ -130,6 +142,22 @@ def test_trl_loss_is_algos_policy_loss_with_the_mirrorpop_mask(tiny_policy, tmp_
                                     sampling_per_token_logps=sampling, mask=cmask.float(), off_policy_threshold=0.1)
     assert m.squeeze(1).tolist() == [1.0, 1.0, 1.0]
     assert trainer._metrics["eval"]["mirrorpop/mirror_drop_frac"][-1] == pytest.approx(1 / 3)
+
+
+def test_warm_start_records_pick_catalog_examples_cheats_included():
+    tasks = [RELU, builtin_task("level1/23_Softmax")]
+    honest = warm_start_records(tasks, "cpu", one_shot=False)
+    assert sorted(r["metadata"]["source"] for r in honest) == [
+        "cpu/honest_relu.py", "cpu/honest_relu_try_except.py", "cpu/honest_softmax.py"]
+    picked = warm_start_records(tasks, "cpu", False, ["cpu/honest_relu.py", "cpu/exploit_01_fallback_relu.py"])
+    assert [(r["task"], r["metadata"]["honest"]) for r in picked] == [("level1/19_ReLU", True),
+                                                                     ("level1/19_ReLU", False)]
+    assert "torch.relu(x)" in picked[1]["messages"][-1]["content"]
+    assert picked[1]["messages"][:-1] == task_messages(RELU, "cpu", one_shot=False)  # the prompt RL asks
+    with pytest.raises(ValueError, match="honest_matmul"):  # a task this run does not train on
+        warm_start_records(tasks, "cpu", False, ["cpu/honest_matmul.py"])
+    with pytest.raises(ValueError, match="nope"):
+        warm_start_records(tasks, "cpu", False, ["cpu/nope.py"])
 
 
 def test_cli_reports_a_bad_config(tmp_path):

@@ -37,6 +37,9 @@ class RLConfig:
     # Instead of `model`: SFT settings (musacoder.train.sft.SFTConfig fields) run first, and RL starts from their
     # final model. Without `data`, the records are the shipped tasks' honest example solutions in this run's prompts.
     warm_start: dict | None = None
+    # Catalog files (musacoder/examples, e.g. "cpu/exploit_01_fallback_relu.py") the warm start trains on, cheats
+    # included: a policy that sometimes cheats gives RL something to unlearn. None: the tasks' honest examples.
+    warm_start_examples: list[str] | None = None
     output_dir: str = "runs/rl"
     tasks: str | None = None  # task file or directory; None: the shipped tasks
     names: list[str] | None = None  # keep only these tasks
@@ -71,6 +74,8 @@ class RLConfig:
     mirrorpop: MirrorPopSettings = field(default_factory=MirrorPopSettings)
     verifier_url: str | None = None  # the reward service; None: the verifier's batch API in this process
     verify: dict = field(default_factory=dict)  # VerifyConfig fields for the batch API (`backend` follows ours)
+    log_rollouts: bool = True  # rollouts.jsonl: every trajectory's task, turn verdicts, scores and reward
+    log_texts: bool = False  # ... and its answers' text (large at paper scale: up to 32K tokens per turn)
     save_steps: int = 50
     save_total_limit: int | None = 2
     resume: bool = True  # continue from the newest checkpoint in output_dir, BDR buffer included

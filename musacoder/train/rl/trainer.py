@@ -32,6 +32,7 @@ from musacoder.train.rl.rollout import Job, Trajectory, run_rollout
 from musacoder.train.rl.verifiers import Verifier, make_verifier
 
 METRICS = "metrics.jsonl"
+ROLLOUTS = "rollouts.jsonl"
 BDR_STATE = "bdr_state.json"
 FINAL = "final"
 
@@ -101,6 +102,8 @@ class Rollouts:
         for grp in dead:
             if self.cfg.bdr.enabled and not grp[0].job.repair:  # a failed repair is not buffered again
                 self.buffer.add(_retry_item(grp))
+        if self.cfg.log_rollouts:
+            self._write(trajs, rewards, trainer.state.global_step + 1, Path(trainer.args.output_dir) / ROLLOUTS)
         repair = [t for t in trajs if t.job.repair]
         log = trainer._log_metric  # the hook behind TRL's `log_metric`; flushed into this step's logs
         for name, value in {
@@ -126,6 +129,15 @@ class Rollouts:
                 "completion_ids": [t.first.completion_ids for t in trajs],
                 "logprobs": [t.first.logprobs for t in trajs],
                 "rl_reward": rewards}
+
+    def _write(self, trajs: list[Trajectory], rewards: list[float], step: int, path: Path) -> None:
+        with open(path, "a") as f:
+            for t, r in zip(trajs, rewards):
+                rec = {"step": step, "task": t.job.task.key, "repair": t.job.repair, "reward": r,
+                       "turns": [{"status": u.status, "score": u.score, "tokens": u.tokens} for u in t.turns]}
+                if self.cfg.log_texts:
+                    rec["texts"] = [u.text for u in t.turns]
+                f.write(json.dumps(rec) + "\n")
 
 
 def _retry_item(group: list[Trajectory]) -> RetryItem:
@@ -193,15 +205,26 @@ def _tasks(cfg: RLConfig) -> list[Task]:
     return tasks
 
 
-def warm_start_records(tasks: list[Task], backend: str, one_shot: bool) -> list[dict]:
-    """SFT records: each task's prompt as RL asks it, answered by its shipped honest example(s)."""
+def warm_start_records(tasks: list[Task], backend: str, one_shot: bool, files: list[str] | None = None
+                       ) -> list[dict]:
+    """SFT records: each task's prompt as RL asks it, answered by catalog examples: `files` (cheats allowed), or
+    by default every honest example of the run's tasks for this backend."""
     from musacoder.examples_catalog import load_catalog
 
     keys = {t.key: t for t in tasks}
+    catalog = load_catalog(backend)
+    if files is None:
+        chosen = [e for e in catalog if e.honest and e.task in keys]
+    else:
+        by_file = {e.file: e for e in catalog}
+        if bad := [f for f in files if f not in by_file or by_file[f].task not in keys]:
+            raise ValueError(f"warm_start_examples {bad}: not {backend} catalog examples of this run's tasks "
+                             f"({sorted(keys)})")
+        chosen = [by_file[f] for f in files]
     return [{"messages": task_messages(keys[e.task], backend, one_shot)
              + [{"role": "assistant", "content": "```python\n" + e.path.read_text().strip() + "\n```"}],
-             "task": e.task, "metadata": {"source": e.file}}
-            for e in load_catalog(backend) if e.honest and e.task in keys]
+             "task": e.task, "metadata": {"source": e.file, "honest": e.honest}}
+            for e in chosen]
 
 
 def warm_start(cfg: RLConfig, tasks: list[Task], backend: str) -> str:
@@ -212,7 +235,7 @@ def warm_start(cfg: RLConfig, tasks: list[Task], backend: str) -> str:
     out = Path(cfg.output_dir) / "warm_start"
     settings = {"output_dir": str(out), "seed": cfg.seed, **cfg.warm_start}
     if "data" not in settings:
-        records = warm_start_records(tasks, backend, cfg.one_shot)
+        records = warm_start_records(tasks, backend, cfg.one_shot, cfg.warm_start_examples)
         if not records:
             raise ValueError(f"no shipped {backend} solutions for the RL tasks to warm-start on")
         write_records(out / "solutions.jsonl", records)
@@ -270,28 +293,59 @@ def build_trainer(cfg: RLConfig):
     return trainer, buffer
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
+def _truncate_log(path: Path, step: int) -> None:
     """Drop the lines past the checkpoint a run resumes from: those steps run again."""
     if path.exists():
         lines = [ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= step]
         path.write_text("".join(ln + "\n" for ln in lines))
 
 
-def plot_reward(metrics: Path, png: Path, title: str = "") -> None:
+def plot_reward(out: Path, png: Path, title: str = "") -> None:
+    """The run's curve: mean trajectory reward and first-turn pass rate per step; with rollouts.jsonl, also the
+    mean reward without BDR's repair groups, and per task the first-turn pass rate and the share of each verdict
+    status among first answers to fresh prompts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = [r for r in map(json.loads, metrics.read_text().splitlines()) if "rl/reward_mean" in r]
+    recs = [r for r in map(json.loads, (out / METRICS).read_text().splitlines()) if "rl/reward_mean" in r]
     if not recs:
         return
+    rolls = [json.loads(ln) for ln in (out / ROLLOUTS).read_text().splitlines()] if (out / ROLLOUTS).exists() else []
     steps = [r["step"] for r in recs]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, axes = plt.subplots(1, 2 if rolls else 1, figsize=(11 if rolls else 6, 3.8), squeeze=False)
+    ax = axes[0][0]
     ax.plot(steps, [r["rl/reward_mean"] for r in recs], marker="o", label="mean trajectory reward")
     ax.plot(steps, [r["rl/first_turn_pass"] for r in recs], marker=".", label="first-turn pass rate")
-    ax.set(xlabel="RL step", title=title or metrics.parent.name)
-    ax.legend()
+    if rolls:
+        fresh = {}
+        for r in rolls:
+            if not r["repair"]:
+                fresh.setdefault(r["step"], []).append(r["reward"])
+        xs = sorted(fresh)
+        ax.plot(xs, [sum(fresh[x]) / len(fresh[x]) for x in xs], linestyle=":", marker="x",
+                label="mean reward, fresh prompts (no BDR repairs)")
+    ax.set(xlabel="RL step", title=title or out.name)
+    ax.legend(fontsize=8)
+    if rolls:
+        ax = axes[0][1]
+        for task in sorted({r["task"] for r in rolls}):
+            per = {}
+            for r in rolls:
+                if r["task"] == task and not r["repair"]:
+                    per.setdefault(r["step"], []).append(r["turns"][0]["status"] == "ok")
+            xs = sorted(per)
+            ax.plot(xs, [sum(per[x]) / len(per[x]) for x in xs], marker=".", label=f"{task} pass")
+        for status in sorted({r["turns"][0]["status"] for r in rolls if not r["repair"]} - {"ok"}):
+            by = {}
+            for r in rolls:
+                if not r["repair"]:
+                    by.setdefault(r["step"], []).append(r["turns"][0]["status"] == status)
+            xs = sorted(by)
+            ax.plot(xs, [sum(by[x]) / len(by[x]) for x in xs], linestyle="--", label=f"{status} share")
+        ax.set(xlabel="RL step", ylim=(-0.02, 1.02), title="first answers to fresh prompts")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
@@ -307,11 +361,13 @@ def train_rl(cfg: RLConfig) -> Path:
     if last:
         if (Path(last) / BDR_STATE).exists():
             buffer.load(Path(last) / BDR_STATE)
-        _truncate_metrics(out / METRICS, int(Path(last).name.split("-")[-1]))
-    elif (out / METRICS).exists():
-        (out / METRICS).unlink()  # a fresh run
+        for log in (METRICS, ROLLOUTS):
+            _truncate_log(out / log, int(Path(last).name.split("-")[-1]))
+    else:
+        for log in (METRICS, ROLLOUTS):  # a fresh run
+            (out / log).unlink(missing_ok=True)
     trainer.train(resume_from_checkpoint=last)
     trainer.save_model(str(out / FINAL))
     (out / "rl_config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    plot_reward(out / METRICS, out / "reward.png")
+    plot_reward(out, out / "reward.png")
     return out / FINAL
