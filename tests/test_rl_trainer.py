@@ -172,3 +172,33 @@ def test_cli_reports_a_bad_config(tmp_path):
     bad.write_text("group_size: 8\n")  # neither a model nor a warm start
     res = CliRunner().invoke(app, ["rl", "--config", str(bad)])
     assert res.exit_code == 2 and "warm_start" in res.output
+
+
+def test_vllm_engine_maps_trl_vllm_output(tiny_policy):
+    """vLLM cannot run here (no GPU, and no wheel on the device machine): a stand-in for TRL's `VLLMGeneration`
+    returns what its `generate` documents, and the engine must turn it into samples with pi_rollout log-probs."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from musacoder.train.rl.engines import VLLMEngine
+
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    eos = tok.eos_token_id
+    calls = []
+
+    def generate(prompts, images, num_generations):
+        calls.append((prompts, images, num_generations))
+        completions = [[5, 6, eos], [7, 8, 9]]  # the second hit the token limit
+        logprobs = [[[-0.1], [-0.2], [-0.3]], [[-1.0, -2.0], [-1.5, -0.5], [None]]]  # sampled token first
+        return prompts, completions, logprobs, None
+
+    trainer = SimpleNamespace(processing_class=tok, eos_token_ids=[eos],
+                              vllm_generation=SimpleNamespace(generate=generate))
+    convs = [task_messages(RELU, "cpu", one_shot=False)] * 2
+    a, b = VLLMEngine(trainer).generate(convs)
+    (prompts, images, n), = calls
+    assert prompts == [VLLMEngine(trainer).encode(convs[0])] * 2 and images is None and n == 1
+    assert (a.completion_ids, a.logprobs, a.truncated) == ([5, 6, eos], [-0.1, -0.2, -0.3], False)
+    assert (b.completion_ids, b.logprobs, b.truncated) == ([7, 8, 9], [-1.0, -1.5, None], True)
+    assert a.text == tok.decode([5, 6, eos], skip_special_tokens=True)

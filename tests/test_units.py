@@ -125,3 +125,19 @@ def test_verdict_json_roundtrip():
     v = _decide({"trials": [{"kind": "seed", "passed": True, "max_abs": 0.0, "mean_abs": 0.0}], "launches": 1})
     d = json.loads(v.to_json())
     assert d["status"] == "ok" and Verdict.from_dict(d).status is Status.OK
+
+
+def test_device_worker_recycles_on_its_own_gpu_memory_only():
+    from musacoder.pool.worker import GIB, gpu_holds_memory
+
+    total = 80 * GIB
+    # an RL trainer on the same GPU holds 64 GB: the worker (1 GB of its own) is not recycled
+    assert not gpu_holds_memory(allocated=0, own=1 * GIB, reserved=0, free=15 * GIB, total=total)
+    # a candidate's raw cudaMalloc leak, invisible to torch, shows in the worker's own NVML usage
+    assert gpu_holds_memory(allocated=0, own=60 * GIB, reserved=0, free=19 * GIB, total=total)
+    # torch's own cache is not a leak; a tensor kept alive past the job is
+    assert not gpu_holds_memory(allocated=0, own=5 * GIB, reserved=3 * GIB, free=70 * GIB, total=total)
+    assert gpu_holds_memory(allocated=3 * GIB, own=4 * GIB, reserved=3 * GIB, free=70 * GIB, total=total)
+    # without NVML only free memory can tell
+    assert gpu_holds_memory(allocated=0, own=None, reserved=0, free=15 * GIB, total=total)
+    assert not gpu_holds_memory(allocated=0, own=None, reserved=0, free=70 * GIB, total=total)

@@ -87,9 +87,43 @@ def _adopt_orphans_and_follow_parent():
         pass
 
 
+GIB = 2**30
+
+
+def gpu_holds_memory(allocated: int, own: int | None, reserved: int, free: int, total: int) -> bool:
+    """Recycle a device worker after a job if it still holds GPU memory: over 2 GiB allocated through torch, or
+    over 4 GiB of its own that torch does not account for (raw cudaMalloc; the CUDA context is well under that).
+    `own` is the process's usage as NVML reports it; without it (NVML missing, or PIDs of another namespace) all
+    we can see is free memory, so under a quarter free counts, as if the GPU were the verifier's alone. With it,
+    memory held by other processes (an RL trainer sharing the GPU) never recycles the worker."""
+    if allocated > 2 * GIB:
+        return True
+    if own is None:
+        return free < total / 4
+    return own - reserved > 4 * GIB
+
+
+def _own_gpu_bytes() -> int | None:
+    """This process's GPU memory summed over devices, from NVML; None when NVML cannot tell."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            own, seen = 0, False
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i)):
+                    if p.pid == os.getpid() and p.usedGpuMemory is not None:
+                        own, seen = own + p.usedGpuMemory, True
+            return own if seen else None
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no pynvml, no driver support: fall back to free memory
+        return None
+
+
 def _holds_memory(backend) -> bool:
-    """After a job: over 2 GiB still allocated through torch or under a quarter of the device free (raw cudaMalloc
-    is invisible to torch; the verifier assumes the GPU is its own), or host RSS over half the worker cap."""
+    """After a job: GPU memory still held (`gpu_holds_memory`), or host RSS over half the worker cap."""
     import gc
 
     gc.collect()
@@ -97,8 +131,9 @@ def _holds_memory(backend) -> bool:
         import torch
 
         free, total = torch.cuda.mem_get_info()
-        return torch.cuda.memory_allocated() > 2 * 2**30 or free < total / 4
-    cap = float(os.environ.get("MUSACODER_WORKER_MEM_GB", "0")) * 2**30
+        return gpu_holds_memory(torch.cuda.memory_allocated(), _own_gpu_bytes(), torch.cuda.memory_reserved(),
+                                free, total)
+    cap = float(os.environ.get("MUSACODER_WORKER_MEM_GB", "0")) * GIB
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     return cap > 0 and rss > cap / 2
