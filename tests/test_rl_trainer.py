@@ -202,3 +202,18 @@ def test_vllm_engine_maps_trl_vllm_output(tiny_policy):
     assert (a.completion_ids, a.logprobs, a.truncated) == ([5, 6, eos], [-0.1, -0.2, -0.3], False)
     assert (b.completion_ids, b.logprobs, b.truncated) == ([7, 8, 9], [-1.0, -1.5, None], True)
     assert a.text == tok.decode([5, 6, eos], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("name", ["rl-tiny-cpu.yaml", "rl-gpu.yaml"])
+def test_shipped_configs_load_and_their_warm_start_data_resolve(name):
+    from pathlib import Path
+
+    from musacoder.train.rl.trainer import _tasks
+    from musacoder.train.sft import SFTConfig
+
+    cfg = RLConfig.from_yaml(Path(__file__).parents[1] / "configs" / name)
+    tasks = _tasks(cfg)
+    records = warm_start_records(tasks, cfg.backend, cfg.one_shot, cfg.warm_start_examples)
+    assert {r["task"] for r in records} == {t.key for t in tasks}  # every RL task has answers to learn from
+    assert any(not r["metadata"]["honest"] for r in records)  # and cheats to unlearn
+    SFTConfig.from_dict({"output_dir": "x", "data": ["x"], **cfg.warm_start})
