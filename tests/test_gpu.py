@@ -90,6 +90,26 @@ def test_memory_exhaustion_and_leak_are_contained(cache_dir):
     assert after.details["builds"] and all(b["cached"] for b in after.details["builds"])
 
 
+def test_memory_of_another_process_does_not_recycle_the_worker(cache_dir):
+    """As with an RL trainer on the same GPU: this process takes all but a tenth of the GPU's memory, which the old
+    "under a quarter free" rule read as the worker's leak and recycled it after every job."""
+    import torch
+
+    cfg = VerifyConfig(backend="cuda", cache_dir=cache_dir, timing_enabled=False)
+    relu = builtin_task("level1/19_ReLU")
+    with LocalPool(cfg) as pool:
+        pool.wait_ready()
+        free, total = torch.cuda.mem_get_info()
+        hog = torch.empty(int(free - total * 0.1), dtype=torch.uint8, device="cuda")
+        try:
+            a, b = (pool.submit(relu, CU % 0).result() for _ in range(2))
+        finally:
+            del hog
+            torch.cuda.empty_cache()
+    assert a.status.value == b.status.value == "ok", (a.reason, b.reason)
+    assert a.details["worker_pid"] == b.details["worker_pid"]
+
+
 def test_triton_candidate_is_counted_and_timed(cache_dir):
     cfg = VerifyConfig(backend="triton", cache_dir=cache_dir)
     with LocalPool(cfg) as pool:

@@ -117,18 +117,19 @@ def test_trl_loss_is_algos_policy_loss_with_the_mirrorpop_mask(tiny_policy, tmp_
     cfg = settings(tiny_policy, tmp_path / "loss", cache_dir, beta=0.05)
     trainer, _ = build_trainer(cfg)
     model = trainer.model.eval()
+    dev = model.device  # the GPU where there is one
     torch.manual_seed(1)
-    prompt = torch.randint(3, 300, (3, 4))
-    completion = torch.randint(3, 300, (3, 5))
-    cmask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    prompt = torch.randint(3, 300, (3, 4), device=dev)
+    completion = torch.randint(3, 300, (3, 5), device=dev)
+    cmask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]], device=dev)
     ids, attn = torch.cat([prompt, completion], 1), torch.cat([torch.ones_like(prompt), cmask], 1)
     with torch.no_grad():
         logp, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, attn, 5)
-    old = logp + torch.tensor([[0.3, -0.4, 0.1, 0.0, 0.2]]).expand(3, 5)  # ratios both sides of the clip range
+    old = logp + torch.tensor([[0.3, -0.4, 0.1, 0.0, 0.2]], device=dev).expand(3, 5)  # both sides of the clip
     ref = logp - 0.2
     sampling = logp.clone()
-    sampling[1] += torch.tensor([0.5, -0.5, 0.0, 9.0, 9.0])  # off-policy with signed mean 0 (the 9s are padding)
-    adv = torch.tensor([1.0, -0.5, -1.0])
+    sampling[1] += torch.tensor([0.5, -0.5, 0.0, 9.0, 9.0], device=dev)  # signed mean 0 (the 9s are padding)
+    adv = torch.tensor([1.0, -0.5, -1.0], device=dev)
     inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
               "completion_mask": cmask, "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref,
               "sampling_per_token_logps": sampling, "num_items_in_batch": cmask.sum()}
