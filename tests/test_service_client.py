@@ -137,3 +137,23 @@ async def test_an_honest_kernel_passes_through_the_service(service):
             verdict, again = await client.verify_many([(RELU, honest), (RELU, "```python\n" + honest + "```")])
     assert verdict.status.value == "ok" and verdict.trials_passed == verdict.trials_total > 0
     assert again.to_dict() == verdict.to_dict()  # the same code in a model's answer: the same job
+
+
+def test_rl_rollout_verifies_through_the_service(service, monkeypatch):
+    """`verifier_url` in an RL config: the rollout gets its verdicts and feedback turns from the service."""
+    from test_rl_rollout import Scripted
+
+    from musacoder.bench.prompts import task_messages
+    from musacoder.train.rl.rollout import Job, run_rollout
+    from musacoder.train.rl.verifiers import ServiceVerifier, make_verifier
+
+    eng = Scripted({0: NO_CODE, 1: ILLEGAL})
+    monkeypatch.setenv("MUSACODER_TOKEN", TOKEN)  # the token comes from the environment, never from the config
+    with serving(service()) as url:
+        verifier = make_verifier(url, {})
+        assert isinstance(verifier, ServiceVerifier)
+        trajs, st = run_rollout([Job(RELU, task_messages(RELU, "cpu", one_shot=False))], eng, verifier, max_turns=2)
+    t = trajs[0]
+    assert [x.status for x in t.turns] == ["format_error", "illegal"] and t.scores == [-1.0, -1.0]
+    assert eng.seen[1][0][3]["content"].startswith("=== System Feedback for Round 1 ===\nStatus: format_error")
+    assert st.responses == 2 and st.verify_s > 0
