@@ -300,6 +300,15 @@ def _truncate_log(path: Path, step: int) -> None:
         path.write_text("".join(ln + "\n" for ln in lines))
 
 
+def _step_means(rolls: list[dict], value) -> tuple[list[int], list[float]]:
+    """Steps, and the mean of value(record) over each step's records."""
+    by_step: dict[int, list[float]] = {}
+    for r in rolls:
+        by_step.setdefault(r["step"], []).append(float(value(r)))
+    steps = sorted(by_step)
+    return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+
 def plot_reward(out: Path, png: Path, title: str = "") -> None:
     """The run's curve: mean trajectory reward and first-turn pass rate per step; with rollouts.jsonl, also the
     mean reward without BDR's repair groups, and per task the first-turn pass rate and the share of each verdict
@@ -313,37 +322,25 @@ def plot_reward(out: Path, png: Path, title: str = "") -> None:
     if not recs:
         return
     rolls = [json.loads(ln) for ln in (out / ROLLOUTS).read_text().splitlines()] if (out / ROLLOUTS).exists() else []
+    fresh = [r for r in rolls if not r["repair"]]  # BDR's repair groups answer other prompts
     steps = [r["step"] for r in recs]
-    fig, axes = plt.subplots(1, 2 if rolls else 1, figsize=(11 if rolls else 6, 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, 2 if fresh else 1, figsize=(11 if fresh else 6, 3.8), squeeze=False)
     ax = axes[0][0]
     ax.plot(steps, [r["rl/reward_mean"] for r in recs], marker="o", label="mean trajectory reward")
     ax.plot(steps, [r["rl/first_turn_pass"] for r in recs], marker=".", label="first-turn pass rate")
-    if rolls:
-        fresh = {}
-        for r in rolls:
-            if not r["repair"]:
-                fresh.setdefault(r["step"], []).append(r["reward"])
-        xs = sorted(fresh)
-        ax.plot(xs, [sum(fresh[x]) / len(fresh[x]) for x in xs], linestyle=":", marker="x",
+    if fresh:
+        ax.plot(*_step_means(fresh, lambda r: r["reward"]), linestyle=":", marker="x",
                 label="mean reward, fresh prompts (no BDR repairs)")
     ax.set(xlabel="RL step", title=title or out.name)
     ax.legend(fontsize=8)
-    if rolls:
+    if fresh:
         ax = axes[0][1]
-        for task in sorted({r["task"] for r in rolls}):
-            per = {}
-            for r in rolls:
-                if r["task"] == task and not r["repair"]:
-                    per.setdefault(r["step"], []).append(r["turns"][0]["status"] == "ok")
-            xs = sorted(per)
-            ax.plot(xs, [sum(per[x]) / len(per[x]) for x in xs], marker=".", label=f"{task} pass")
-        for status in sorted({r["turns"][0]["status"] for r in rolls if not r["repair"]} - {"ok"}):
-            by = {}
-            for r in rolls:
-                if not r["repair"]:
-                    by.setdefault(r["step"], []).append(r["turns"][0]["status"] == status)
-            xs = sorted(by)
-            ax.plot(xs, [sum(by[x]) / len(by[x]) for x in xs], linestyle="--", label=f"{status} share")
+        for task in sorted({r["task"] for r in fresh}):
+            mine = [r for r in fresh if r["task"] == task]
+            ax.plot(*_step_means(mine, lambda r: r["turns"][0]["status"] == "ok"), marker=".", label=f"{task} pass")
+        for status in sorted({r["turns"][0]["status"] for r in fresh} - {"ok"}):
+            ax.plot(*_step_means(fresh, lambda r: r["turns"][0]["status"] == status), linestyle="--",
+                    label=f"{status} share")
         ax.set(xlabel="RL step", ylim=(-0.02, 1.02), title="first answers to fresh prompts")
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -361,8 +358,9 @@ def train_rl(cfg: RLConfig) -> Path:
     if last:
         if (Path(last) / BDR_STATE).exists():
             buffer.load(Path(last) / BDR_STATE)
+        step = int(Path(last).name.split("-")[-1])
         for log in (METRICS, ROLLOUTS):
-            _truncate_log(out / log, int(Path(last).name.split("-")[-1]))
+            _truncate_log(out / log, step)
     else:
         for log in (METRICS, ROLLOUTS):  # a fresh run
             (out / log).unlink(missing_ok=True)
