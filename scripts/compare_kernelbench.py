@@ -66,7 +66,7 @@ def run_ours(tasks, cands, args) -> dict:
         v = cold[i]
         out["tasks"].setdefault(task.key, {})["cold"] = {"wall_s": v.stage_seconds.get("total"),
                                                          "status": v.status.value, "stages": v.stage_seconds}
-        log(f"[ours] cold  {task.key:45s} {v.status.value:10s} {v.stage_seconds}")
+        log(f"[ours] cold  {task.key:45s} {v.status.value:10s} {v.stage_seconds} {v.reason[:300]}")
     for phase in ("built", "warm"):
         if phase == "built":
             pool.cache.clear("baseline")
@@ -80,7 +80,8 @@ def run_ours(tasks, cands, args) -> dict:
                           "eager_ms": v.eager_ms, "stages": v.stage_seconds, "rse": v.timing_rse,
                           "reps": v.timing_reps, "floor_ms": v.details.get("timer_floor_ms")}
             log(f"[ours] {phase:5s} {task.key:45s} {v.status.value:10s} {wall:7.2f}s  speedup "
-                f"{v.speedup_eager if v.speedup_eager is None else round(v.speedup_eager, 3)}")
+                f"{v.speedup_eager if v.speedup_eager is None else round(v.speedup_eager, 3)} {v.stage_seconds} "
+                f"{v.reason[:300]}")
     rep_task = next(t for t in tasks if t.key == args.repeat_task)
     for mode in ("baseline cached", "baseline re-timed"):
         speeds = []
@@ -174,8 +175,9 @@ def summary(ours: dict, kb: dict) -> str:
         lines.append(f"\nmedian wall-time ratio KB/ours (warm): {statistics.median(ratios):.1f}x; "
                      f"max |speedup difference|: {max(diffs) if diffs else float('nan'):.1f}%")
     for rep in ours.get("repeats", []):
+        runs = ", ".join("-" if s is None else f"{s:.3f}" for s in rep["speedups"])
         lines.append(f"repeat spread of one speedup ({rep['task']}, {len(rep['speedups'])} runs, {rep['mode']}): "
-                     f"{100 * (rep['spread'] or 0):.2f}% ({', '.join(f'{s:.3f}' for s in rep['speedups'])})")
+                     f"{100 * (rep['spread'] or 0):.2f}% ({runs})")
     if ours.get("batch_warm"):
         b = ours["batch_warm"]
         lines.append(f"verify_many of all {b['n']} (warm): {b['wall_s']:.2f}s; pool start {ours['pool_start_s']:.1f}s")

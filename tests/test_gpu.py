@@ -118,3 +118,20 @@ def test_triton_candidate_is_counted_and_timed(cache_dir):
         v = pool.submit(builtin_task("level1/19_ReLU"), TRITON).result()
     assert v.status.value == "ok", v.reason
     assert v.kernel_launches and v.speedup_eager and v.speedup_compile
+
+
+def test_kernelbench_size_relu_sees_each_trials_inputs_and_keeps_its_judge(cache_dir):
+    """KernelBench's own ReLU size (4096 x 393216 fp32, 6.4 GB a tensor). Two regressions found on an H200: refilled
+    input buffers were read by the subjects before the judge's copy finished (an honest kernel failed 4 of 5 trials
+    against the previous trial's inputs), and the reference subject kept the judge's buffers mapped after the job, so
+    the judge held GiBs and was recycled after every large job (~10 s each)."""
+    from dataclasses import replace
+
+    relu = builtin_task("level1/19_ReLU")
+    big = replace(relu, code=relu.code.replace("batch_size = 16", "batch_size = 4096").replace(
+        "dim = 16384", "dim = 393216"))
+    cfg = VerifyConfig(backend="cuda", cache_dir=cache_dir, profile="kernelbench", timing_enabled=False)
+    with LocalPool(cfg) as pool:
+        a, b = (pool.submit(big, CU % 0).result() for _ in range(2))
+    assert a.status.value == b.status.value == "ok", (a.reason, b.reason)
+    assert a.details["worker_pid"] == b.details["worker_pid"]

@@ -39,6 +39,10 @@ class LocalPool(PoolBase):
         self._device_q: queue.Queue = queue.Queue(maxsize=max(4, 2 * self.n_devices))
         self._threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
+        self._busy_each = [0.0] * self.n_devices  # per device, to see an unbalanced schedule
+
+    def stats(self) -> dict:
+        return {**super().stats(), "device_busy_s_each": list(self._busy_each)}
 
     def _start_tiers(self):
         """Workers start with the first job that needs one: a static refusal answers without them."""
@@ -105,5 +109,6 @@ class LocalPool(PoolBase):
             if failure:
                 job.verdict.status, job.verdict.reason = failure
             self._busy["device"] += seconds
+            self._busy_each[i] += seconds
             self._finish(job, job.static, facts)
         slot.kill()

@@ -52,7 +52,7 @@ def main(argv=None):
             if args.role == "compile":
                 result = judge.prebuild(PrebuildJob.model_validate(job))
             else:
-                facts = judge.evaluate(EvaluateJob.model_validate(job))
+                facts = _profiled(judge.evaluate)(EvaluateJob.model_validate(job))
                 facts.recycle = _holds_memory(backend)
                 result = facts.model_dump()
         except Exception as e:  # a harness bug, not the candidate's doing (its failures are facts)
@@ -60,6 +60,25 @@ def main(argv=None):
 
             result = {"infra_error": "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]}
         conn.send_bytes(json.dumps(result, default=str).encode())
+
+
+def _profiled(fn):
+    """`MUSACODER_PROFILE_DIR` set: each job's judge-side profile (cProfile) is written there, to see what bounds a
+    verification (the subject's time shows as waiting on its socket)."""
+    where = os.environ.get("MUSACODER_PROFILE_DIR")
+    if not where:
+        return fn
+
+    def run(*args):
+        import cProfile
+        import time
+
+        with cProfile.Profile() as prof:
+            try:
+                return fn(*args)
+            finally:
+                prof.dump_stats(Path(where) / f"judge-{os.getpid()}-{time.monotonic_ns()}.prof")
+    return run
 
 
 def adopt_orphans_and_follow_parent():

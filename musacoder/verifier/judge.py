@@ -106,11 +106,11 @@ class Judge:
         # the judge's own buffers (reference outputs): no subject writes here
         self.dir = buffers.new_dir("judge", shared_memory=backend.device_type == "cpu")
         self.ref: Subject | None = None
-        # Warm candidate subjects. One warms up in ~1.5-3 s (Python, torch, the device context), longer than a cached
-        # verification of a small task, so a device judge keeps several starting at once where cores allow.
-        n = min(4, max(1, (os.cpu_count() or 2) // 4)) if use_device else 1
+        # Warm candidate subjects. One warms up in ~1.5-3 s on cpu, ~10 s on an H200 host (Python, torch, the device
+        # context), longer than a cached verification, so a device judge keeps several starting where cores allow.
+        n = min(8, max(1, (os.cpu_count() or 2) // 4)) if use_device else 1
         # cpu: candidates are forked from a pre-imported zygote (~20 ms instead of ~1.5 s of CPU). GPU backends still
-        # start them from scratch: forking is what torch's DataLoader does, but it has not been run on a GPU here yet.
+        # start them from scratch: a forked child failed to start on an H200 (2026-11-23), cause not established.
         self.zygote = None
         if backend.device_type == "cpu":
             env = {"OMP_WAIT_POLICY": "PASSIVE"}  # read once, when OpenMP loads: must be set before the import
@@ -130,10 +130,11 @@ class Judge:
         return cand.ready()
 
     def settle(self):
-        """Wait until the spares have finished starting: a process importing torch must not share the CPU with a
-        timing window (the replacement spare starts while the previous candidate is checked for correctness)."""
-        for s in self.spares:
-            s._thread.join()
+        """cpu: wait until the spares have finished starting, a process warming up must not share the cores with a
+        timing window. A GPU timing window is not disturbed by a spare warming up on the host's other cores."""
+        if self.backend.device_type == "cpu":
+            for s in self.spares:
+                s._thread.join()
 
     def _reference(self) -> Subject:
         if self.ref is None or not self.ref.proc.alive:
@@ -520,7 +521,16 @@ class _Run:
     def close(self):
         if self.cand is not None:
             self.cand.close()
+        ref = self.j.ref
+        if ref is not None and ref.proc.alive:
+            try:
+                ref.call(SubjectCommand(op="release"), 60)
+            except (WorkerDied, WorkerTimeout):
+                ref.close()
+                self.j.ref = None
         self.keep.clear()
+        if self.j.device.type == "cuda":
+            torch.cuda.ipc_collect()  # blocks whose consumers let go return to the allocator now
         for p in self.j.dir.iterdir():
             p.unlink(missing_ok=True)
 
@@ -581,9 +591,13 @@ def _finite(vals) -> bool:
 
 
 def _refill(dst: list, src: list):
+    """Copy fresh values into shared buffers and wait for the copy: the subjects read them from other processes,
+    which no stream orders after this one (unsynchronised, they saw the previous trial's inputs on large tensors)."""
     for d, s in zip(dst, src):
         if isinstance(d, torch.Tensor):
             d.copy_(s)
+    if any(isinstance(d, torch.Tensor) and d.is_cuda for d in dst):
+        torch.cuda.synchronize()
 
 
 def _spot(b: dict, tol: float, rng: random.Random) -> str:

@@ -35,7 +35,7 @@ class OutputSpec(Msg):
 
 # ---- subject commands and replies ----------------------------------------------------------------------------
 class SubjectCommand(Msg):
-    op: Literal["load", "build_model", "run", "profile", "flops", "ping", "exit"]
+    op: Literal["load", "build_model", "run", "profile", "flops", "ping", "release", "exit"]
     # load
     task_code: str = ""
     candidate_code: str = ""  # empty: this subject runs the reference

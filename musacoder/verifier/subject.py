@@ -116,6 +116,14 @@ class Subject:
         return self.device is not None and self.backend.is_fatal(e)
 
     # ---- commands ------------------------------------------------------------------------------------------------
+    def op_release(self, cmd):
+        """Drop the judge's buffers after a job: while a mapping is open, CUDA IPC keeps the judge's memory allocated
+        (and a judge holding GiBs after a job is recycled, ~10 s on a GPU host)."""
+        from musacoder.verifier.protocol import SubjectReply
+
+        self.opened.clear()
+        return SubjectReply()
+
     def op_load(self, cmd):
         from musacoder.verifier.build import BuildError
         from musacoder.verifier.inputs import load_module
