@@ -89,3 +89,7 @@ def test_each_candidate_runs_in_a_fresh_process(cache_dir):
     assert a.status.value == b.status.value == "ok"
     assert a.details["worker_pid"] == b.details["worker_pid"]
     assert a.details["candidate_pid"] != b.details["candidate_pid"]
+    # the pool kills its judge at close; what the judge had in shared memory goes with it
+    from musacoder.verifier.buffers import shm_root
+
+    assert not list(shm_root().glob(f"musacoder-*-{a.details['worker_pid']}-*"))

@@ -160,6 +160,9 @@ class WorkerProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            from musacoder.verifier.buffers import sweep
+
+            sweep(self.proc.pid)
         if self.conn is not None:
             self.conn.close()
         self.proc, self.conn = None, None

@@ -40,6 +40,14 @@ def remove_dir(d: Path | None) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def sweep(pid: int) -> None:
+    """Remove the directories a killed process created (named with its pid): a judge killed by its pool never runs
+    its own clean-up, and what it left in shared memory would hold RAM until the host restarts."""
+    for root in {shm_root(), Path(tempfile.gettempdir())}:
+        for d in root.glob(f"musacoder-*-{pid}-*"):
+            remove_dir(d)
+
+
 def alloc(shape, dtype: torch.dtype, device: torch.device, directory: Path) -> tuple[torch.Tensor, TensorRef]:
     """A new zeroed contiguous tensor the judge owns, and the reference a subject opens it with."""
     shape = [int(s) for s in shape]
