@@ -1,4 +1,4 @@
-"""Command line: `musacoder verify`, `demo`, `tasks`, `cache`, `bench`, `serve`, `sft`, `rft`, `rl`.
+"""Command line: `musacoder verify`, `demo`, `tasks`, `cache`, `bench`, `serve`, `sft`, `rft`, `rl`, `port`.
 
 Heavy modules (torch, the verifier, the bench runner) are imported inside the commands so `--help` stays fast.
 """
@@ -17,6 +17,7 @@ from rich.table import Table
 
 from musacoder import __version__
 from musacoder.cli_base import App, Backend, LogLevel, Precision, Profile, err, fail
+from musacoder.musa.cli import port_app
 from musacoder.tasks.select import IdsOpt, LevelsOpt, NamesOpt, TasksOpt
 
 app = App(add_completion=False, no_args_is_help=True, help="MusaCoder: LLMs that write native kernels.")
@@ -34,6 +35,7 @@ except ImportError as _e:  # pragma: no cover - depends on what is installed
         fail(f"musacoder bench needs the bench extra: {_bench_missing}")
 cache_app = App(add_completion=False, no_args_is_help=True, help="Inspect or clear the build/baseline/verdict cache.")
 app.add_typer(cache_app, name="cache")
+app.add_typer(port_app, name="port")
 
 
 def _version(value: bool):
