@@ -308,7 +308,7 @@ class _Run:
                 if b is None or not _same_layout(b["shared"], inputs):
                     b = bufs[shape.key] = self.buffers_for(shape, inputs)
                 else:
-                    _refill(b["shared"], inputs)
+                    _refill(b["shared"], inputs, self.j.backend)
                 del inputs
                 r = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in"], outputs=b["ref_refs"]))
                 if not r.ok:
@@ -351,7 +351,7 @@ class _Run:
                     res.ok, res.reason = False, changed
             if res.ok and i == 0:
                 first = clone_tree(b["cand_out"])
-                _refill(b["shared"], pristine)
+                _refill(b["shared"], pristine, self.j.backend)
                 again = self.run_candidate(shape, b, first, tol, None, trial)
                 if again is not None and not again.ok:
                     res.ok, res.reason = False, "two runs on the same inputs disagree: " + again.reason
@@ -453,7 +453,7 @@ class _Run:
         try:
             while True:
                 fresh = make_inputs(self.task, Shape(), self.rng.randrange(1, 2**31), self.j.device, cfg.precision)
-                _refill(b["shared"], fresh)
+                _refill(b["shared"], fresh, backend)
                 arms = [("ref", ref_ms), ("cand", cand_ms)] + ([("comp", comp_ms)] if compiled else [])
                 for arm, samples in arms:
                     if tc.l2_flush:
@@ -529,7 +529,7 @@ class _Run:
                 ref.close()
                 self.j.ref = None
         self.keep.clear()
-        if self.j.device.type == "cuda":
+        if self.j.device.type == "cuda":  # torch's IPC sharing is CUDA's only
             torch.cuda.ipc_collect()  # blocks whose consumers let go return to the allocator now
         for p in self.j.dir.iterdir():
             p.unlink(missing_ok=True)
@@ -590,14 +590,13 @@ def _finite(vals) -> bool:
                for v in vals)
 
 
-def _refill(dst: list, src: list):
+def _refill(dst: list, src: list, backend):
     """Copy fresh values into shared buffers and wait for the copy: the subjects read them from other processes,
     which no stream orders after this one (unsynchronised, they saw the previous trial's inputs on large tensors)."""
     for d, s in zip(dst, src):
         if isinstance(d, torch.Tensor):
             d.copy_(s)
-    if any(isinstance(d, torch.Tensor) and d.is_cuda for d in dst):
-        torch.cuda.synchronize()
+    backend.synchronize()
 
 
 def _spot(b: dict, tol: float, rng: random.Random) -> str:
