@@ -67,11 +67,12 @@ def _config(backend: str, profile: str, no_timing: bool, seeds: int, precision: 
 
 def _resolve_backend(backend: str) -> tuple[str, str]:
     """(backend, why) with `auto` resolved once, here, so every later step and the output agree on it."""
+    from musacoder.backends import resolve
+
     if backend != "auto":
         return backend, ""
-    import torch
-
-    return ("cuda", "auto: a GPU is present") if torch.cuda.is_available() else ("cpu", "auto: no GPU found")
+    chosen = resolve(backend)
+    return chosen, "auto: a GPU is present" if chosen != "cpu" else "auto: no GPU found"
 
 
 def _fmt(x, spec=".2f", suffix=""):

@@ -5,11 +5,18 @@ from __future__ import annotations
 from musacoder.backends.base import Backend
 
 
-def get_backend(name: str = "auto") -> Backend:
-    if name == "auto":
-        import torch
+def resolve(name: str) -> str:
+    """The backend `auto` stands for here (cuda when a GPU is present, else cpu); other names as given. The one place
+    that decides it, so the CLI, pools, bench and training agree (torch imported here, not at module import)."""
+    if name != "auto":
+        return name
+    import torch
 
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def get_backend(name: str = "auto") -> Backend:
+    name = resolve(name)
     if name == "cpu":
         from musacoder.backends.cpu import CpuBackend
 
@@ -25,4 +32,4 @@ def get_backend(name: str = "auto") -> Backend:
     raise ValueError(f"unknown backend {name!r} (cpu, cuda, triton; musa is planned)")
 
 
-__all__ = ["Backend", "get_backend"]
+__all__ = ["Backend", "get_backend", "resolve"]

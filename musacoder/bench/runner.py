@@ -50,9 +50,9 @@ class BenchConfig:
 
 def resolve_backend(backend: str) -> str:
     if backend == "auto":
-        import torch  # here, not at import: `musacoder --help` must not pay for torch
+        from musacoder.backends import resolve  # torch imported there, not here: `--help` must stay fast
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return resolve(backend)
     if backend not in prompts.STYLES:
         raise ValueError(f"backend must be auto, {', '.join(prompts.STYLES)}; not {backend!r}")
     return backend

@@ -13,6 +13,7 @@ import threading
 
 import torch
 
+from musacoder.backends import resolve
 from musacoder.config import VerifyConfig
 from musacoder.pool.base import Job, PoolBase
 from musacoder.pool.slots import CompileSlot, DeviceSlot
@@ -29,8 +30,7 @@ class LocalPool(PoolBase):
     def __init__(self, config: VerifyConfig | None = None, compile_workers: int | None = None,
                  devices: int | None = None):
         super().__init__(config)
-        if self.cfg.backend == "auto":
-            self.cfg.backend = "cuda" if torch.cuda.is_available() else "cpu"
+        self.cfg.backend = resolve(self.cfg.backend)
         self.backend = self.cfg.backend
         self.n_devices = devices or _device_count(self.backend)
         cores = os.cpu_count() or 2

@@ -92,10 +92,9 @@ def as_candidate_text(candidate) -> str:
 def resolved(config: VerifyConfig | None) -> VerifyConfig:
     """A copy of `config` with backend 'auto' decided, so equal settings always share one pool."""
     config = copy.deepcopy(config) if config is not None else VerifyConfig()
-    if config.backend == "auto":
-        import torch
+    from musacoder.backends import resolve
 
-        config.backend = "cuda" if torch.cuda.is_available() else "cpu"
+    config.backend = resolve(config.backend)
     return config
 
 

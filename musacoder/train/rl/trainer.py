@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from musacoder.backends import resolve
 from musacoder.bench.prompts import task_messages
 from musacoder.tasks import Task, load_tasks
 from musacoder.tasks.loaders import BUILTIN_DIR
@@ -35,10 +36,6 @@ METRICS = "metrics.jsonl"
 ROLLOUTS = "rollouts.jsonl"
 BDR_STATE = "bdr_state.json"
 FINAL = "final"
-
-
-def resolve_backend(backend: str) -> str:
-    return ("cuda" if torch.cuda.is_available() else "cpu") if backend == "auto" else backend
 
 
 def _prompt_key(messages: list[dict]) -> str:
@@ -256,7 +253,7 @@ def build_trainer(cfg: RLConfig):
 
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    backend = resolve_backend(cfg.backend)
+    backend = resolve(cfg.backend)
     tasks = _tasks(cfg)
     model_path = cfg.model or warm_start(cfg, tasks, backend)
     tok = AutoTokenizer.from_pretrained(model_path)
