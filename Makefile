@@ -1,6 +1,6 @@
 VENV ?= .venv
 
-.PHONY: demo test setup
+.PHONY: demo test test-all setup
 setup:
 	bash scripts/setup.sh
 
@@ -8,5 +8,9 @@ demo: setup
 	$(VENV)/bin/musacoder demo
 
 test:
+	bash scripts/setup.sh test
+	$(VENV)/bin/python -m pytest -q -ra -m "not slow"
+
+test-all:  # adds the heavy sweeps (tests marked slow)
 	bash scripts/setup.sh test
 	$(VENV)/bin/python -m pytest -q -ra

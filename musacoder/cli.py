@@ -302,15 +302,20 @@ def cache_clear(kind: str | None = typer.Option(None, help="one kind as `cache i
     console.print(f"cleared {', '.join(cleared) or 'nothing'} in {root}")
 
 
+SET_OPTION = typer.Option([], "--set", metavar="KEY=VALUE",
+                          help="override one setting of the config, YAML value; repeatable (lora.r=16, max_steps=50)")
+
+
 @app.command()
 def sft(config: Path = typer.Option(..., help="SFT settings (YAML), e.g. configs/sft-tiny.yaml"),
-        output_dir: str | None = typer.Option(None, help="overrides the config's output_dir")):
+        output_dir: str | None = typer.Option(None, help="overrides the config's output_dir"),
+        set_: list[str] = SET_OPTION):
     """Multi-task SFT on TRL's SFTTrainer (needs the train extra). Resumes from the newest checkpoint."""
     from musacoder.train.data import DataError
     from musacoder.train.sft import SFTConfig, train_sft
 
     try:
-        cfg = SFTConfig.from_yaml(config, **({"output_dir": output_dir} if output_dir else {}))
+        cfg = SFTConfig.from_yaml(config, set_, **({"output_dir": output_dir} if output_dir else {}))
         final = train_sft(cfg)
     except (DataError, ValueError, OSError) as e:
         fail(e)
@@ -327,14 +332,15 @@ def _check_local_model(spec: str) -> None:
 
 @app.command()
 def rft(config: Path = typer.Option(..., help="RFT settings (YAML), e.g. configs/rft-tiny.yaml"),
-        output_dir: str | None = typer.Option(None, help="overrides the config's output_dir")):
+        output_dir: str | None = typer.Option(None, help="overrides the config's output_dir"),
+        set_: list[str] = SET_OPTION):
     """Diversity-preserving RFT data: sample, verify, cluster each task's passing answers into a pool. Resumable."""
     from musacoder.bench.store import RunMismatch
     from musacoder.tasks import TaskLoadError
     from musacoder.train.rft import RFTConfig, run_rft
 
     try:
-        cfg = RFTConfig.from_yaml(config, **({"output_dir": output_dir} if output_dir else {}))
+        cfg = RFTConfig.from_yaml(config, set_, **({"output_dir": output_dir} if output_dir else {}))
         _check_local_model(cfg.model)
         run_rft(cfg, console=console)
     except (RunMismatch, TaskLoadError, ValueError, OSError) as e:
@@ -344,7 +350,8 @@ def rft(config: Path = typer.Option(..., help="RFT settings (YAML), e.g. configs
 
 @app.command()
 def rl(config: Path = typer.Option(..., help="RL settings (YAML), e.g. configs/rl-tiny-cpu.yaml"),
-       output_dir: str | None = typer.Option(None, help="overrides the config's output_dir")):
+       output_dir: str | None = typer.Option(None, help="overrides the config's output_dir"),
+       set_: list[str] = SET_OPTION):
     """Execution-feedback RL (PrimeEcho, BDR, MirrorPop) on TRL's GRPOTrainer. Resumes from the newest checkpoint."""
     from musacoder.tasks import TaskLoadError
     from musacoder.train.data import DataError
@@ -352,7 +359,7 @@ def rl(config: Path = typer.Option(..., help="RL settings (YAML), e.g. configs/r
     from musacoder.train.rl.trainer import METRICS, train_rl
 
     try:
-        cfg = RLConfig.from_yaml(config, **({"output_dir": output_dir} if output_dir else {}))
+        cfg = RLConfig.from_yaml(config, set_, **({"output_dir": output_dir} if output_dir else {}))
         final = train_rl(cfg)
     except (DataError, TaskLoadError, ValueError, OSError) as e:
         fail(e)

@@ -30,8 +30,10 @@ def _flag_type(self, ctx):
     return None if self.is_flag else _display_type_rich(self, ctx)
 
 
-_display_type_rich = TyperOption.display_type_rich
-TyperOption.display_type_rich = _flag_type
+# typer versions without this hook (e.g. the one a GPU image ships) keep their own display
+_display_type_rich = getattr(TyperOption, "display_type_rich", None)
+if _display_type_rich is not None:
+    TyperOption.display_type_rich = _flag_type
 
 
 def fail(msg: str, code: int = 2):

@@ -16,10 +16,10 @@ from rich.console import Console
 from test_bench_clients import dead_url, fast, req
 
 from musacoder.bench.clients.openai import OpenAIClient
-from musacoder.bench.prompts import CUT, task_messages
 from musacoder.bench.runner import identical_samples, run_bench
 from musacoder.bench.store import Store
 from musacoder.config import VerifyConfig
+from musacoder.conversation import CUT, task_messages
 from musacoder.tasks import builtin_task
 from musacoder.tasks.loaders import BUILTIN_DIR
 
@@ -184,7 +184,9 @@ def test_identical_samples_are_warned_about(tmp_path, cache_dir):
 
 
 def ctrl_c(after: float):
-    """SIGINT to this process, as the terminal sends it on Ctrl-C."""
+    """SIGINT to this process, as the terminal sends it on Ctrl-C (Python's handler installed: a shell without job
+    control starts background commands with SIGINT ignored, and then nothing would arrive)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(after, os.kill, (os.getpid(), signal.SIGINT)).start()
 
 

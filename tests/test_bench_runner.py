@@ -15,10 +15,10 @@ from rich.console import Console
 from test_bench_clients import FakeServer, dead_url, fast
 
 from musacoder.bench.clients.openai import OpenAIClient
-from musacoder.bench.prompts import FIX, strip_reasoning
 from musacoder.bench.runner import request_seed, run_bench
 from musacoder.bench.store import RunMismatch, Store
 from musacoder.config import VerifyConfig
+from musacoder.conversation import FIX, strip_reasoning
 from musacoder.examples_catalog import EXAMPLES_DIR
 from musacoder.tasks import builtin_task
 from musacoder.tasks.loaders import BUILTIN_DIR
@@ -88,7 +88,6 @@ def test_dead_server_is_recorded_then_resumed_without_redoing(tmp_path, cache_di
         server.close()
 
 
-@pytest.mark.slow
 def test_multi_turn_feedback_end_to_end(tmp_path, cache_dir):
     """Turn 1 fails, the verifier's feedback goes back as round 1 feedback, turn 2 passes (one C++ build)."""
     honest = EXAMPLES_DIR / "cpu" / "honest_relu.py"
@@ -158,7 +157,9 @@ def test_cli_interrupted_and_resumed(tmp_path, cache_dir):
     args = _run_args(f"openai:m@{server.url}", out)
     env = {**os.environ, "MUSACODER_CACHE": cache_dir}
     try:
-        proc = subprocess.Popen(_cli(*args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # SIGINT back to its default: a shell without job control starts background commands with it ignored
+        proc = subprocess.Popen(_cli(*args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         db = out / "samples.sqlite"
         deadline = time.time() + 60
         while time.time() < deadline and proc.poll() is None and _generated(db) < 3:

@@ -4,8 +4,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from musacoder.examples_catalog import load_catalog
 from musacoder.tasks.loaders import BUILTIN_DIR
 
@@ -15,7 +13,6 @@ def run_cli(*args, cache):
                           env={**__import__("os").environ, "MUSACODER_CACHE": cache}, timeout=900)
 
 
-@pytest.mark.slow
 def test_verify_json_for_an_illegal_candidate(cache_dir):
     ex = next(e for e in load_catalog("cpu") if e.threat == 1)
     task = BUILTIN_DIR / f"{ex.task}.py"

@@ -327,3 +327,35 @@ def test_setup_plan_says_which_torch_and_why(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh"), "bogus"], check=False, capture_output=True,
                        text=True)
     assert r.returncode == 2 and r.stderr.startswith("error:")
+
+
+# 10. one override syntax for every training command, typed -----------------------------------------------------
+def test_set_overrides_are_typed_and_validated(tmp_path, capsys):
+    from musacoder.settings import check_passthrough, parse_overrides
+    from musacoder.train.sft import SFTConfig
+
+    assert parse_overrides(["lora.r=16", "learning_rate=2.0e-5", "data=[a.jsonl, b.jsonl]", "model="]) == {
+        "lora": {"r": 16}, "learning_rate": 2e-5, "data": ["a.jsonl", "b.jsonl"], "model": ""}
+    p = tmp_path / "sft.yaml"
+    p.write_text("data: [x.jsonl]\ninit: {}\nlora: {enabled: true, r: 4, alpha: 8}\n")
+    cfg = SFTConfig.from_yaml(p, ["lora.r=16", "max_steps=7", "learning_rate=2e-5"])
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.enabled, cfg.max_steps) == (16, 8, True, 7)  # merged, not replaced
+    assert cfg.learning_rate == 2e-5  # YAML reads 2e-5 as a string; a float setting takes the number
+    for bad, said in [("learning_rate=fast", "setting learning_rate: expected float, got 'fast'"),
+                      ("max_steps=true", "setting max_steps: expected int, got True"),
+                      ("lora.r=x", "setting lora.r: expected int"), ("nope=1", "unknown SFTConfig setting"),
+                      ("oops", "expected KEY=VALUE")]:
+        with pytest.raises(ValueError, match=said):
+            SFTConfig.from_yaml(p, [bad])
+    # the command line says it as an error line, before any model or data is touched
+    (tmp_path / "empty.yaml").write_text("{}\n")
+    for command in ("sft", "rft", "rl"):
+        assert call(cli.app, command, "--config", tmp_path / "empty.yaml", "--set", "seed=many") == 2
+        assert "error: setting seed: expected int, got 'many'" in capsys.readouterr().err
+
+    trl = pytest.importorskip("trl")
+    check_passthrough({"report_to": "none"}, trl.SFTConfig, {"output_dir"})
+    with pytest.raises(ValueError, match=r"\['num_epochz'\] not field\(s\) of trl"):
+        check_passthrough({"num_epochz": 1}, trl.SFTConfig, set())
+    with pytest.raises(ValueError, match="set by musacoder's own settings"):
+        check_passthrough({"output_dir": "x"}, trl.SFTConfig, {"output_dir"})

@@ -19,8 +19,6 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from musacoder.pool.ray_cluster import DEVICE_RESOURCE, RayPool  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 
 def _cases():
     relu = builtin_task("level1/19_ReLU")

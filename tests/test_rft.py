@@ -109,7 +109,6 @@ class MixedClient(Client):
             yield i, Generation(text=self.answers[r.task.key][r.sample])
 
 
-@pytest.mark.slow
 def test_rft_end_to_end_on_the_cpu_backend(tmp_path, cache_dir):
     cfg = RFTConfig(model="test:mixed", output_dir=str(tmp_path / "rft"), names=["19_ReLU", "23_Softmax"],
                     samples=5, backend="cpu", preview_epochs=6,

@@ -11,12 +11,11 @@ from musacoder.examples_catalog import load_catalog
 
 pytest.importorskip("trl")
 
-from musacoder.bench.prompts import task_messages  # noqa: E402
+from musacoder.conversation import task_messages  # noqa: E402
+from musacoder.episode import Episode, Round  # noqa: E402
 from musacoder.tasks import builtin_task  # noqa: E402
 from musacoder.train.rl.algos import mirrorpop_keep, policy_loss  # noqa: E402
 from musacoder.train.rl.config import RLConfig  # noqa: E402
-from musacoder.train.rl.engines import Sample  # noqa: E402
-from musacoder.train.rl.rollout import Job, Trajectory, Turn  # noqa: E402
 from musacoder.train.rl.trainer import (  # noqa: E402
     BDR_STATE,
     METRICS,
@@ -113,9 +112,7 @@ def test_ablation_switches(tiny_policy, tmp_path, cache_dir):
 
 
 def test_trajectory_reward_switch():
-    job = Job(RELU, [])
-    t = Trajectory(job, Sample([], [], [], "", False),
-                   [Turn("", "incorrect", -0.5, False, "", 1), Turn("", "ok", 1.0, True, "", 1)])
+    t = Episode(RELU, [], rounds=[Round("", "", False, "incorrect", -0.5, 1), Round("", "", True, "ok", 1.0, 1)])
     on = RLConfig(model="m")
     off = RLConfig(model="m", primeecho={"enabled": False})
     assert trajectory_reward(t, on) == pytest.approx(0.75 * -0.5 + 0.25 * 1.0 + 0.1)

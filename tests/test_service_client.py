@@ -128,7 +128,6 @@ def test_verify_batch_from_plain_code_and_from_inside_a_running_loop(service):
         assert [v.status.value for v in asyncio.run(reward_hook())] == ["illegal", "format_error"]
 
 
-@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_an_honest_kernel_passes_through_the_service(service):
     honest = (EXAMPLES_DIR / "cpu/honest_relu.py").read_text()
@@ -141,10 +140,10 @@ async def test_an_honest_kernel_passes_through_the_service(service):
 
 def test_rl_rollout_verifies_through_the_service(service, monkeypatch):
     """`verifier_url` in an RL config: the rollout gets its verdicts and feedback turns from the service."""
-    from test_rl_rollout import Scripted
+    from test_episode import Scripted
 
-    from musacoder.bench.prompts import task_messages
-    from musacoder.train.rl.rollout import Job, run_rollout
+    from musacoder.conversation import task_messages
+    from musacoder.episode import Episode, run_episodes
     from musacoder.train.rl.verifiers import ServiceVerifier, make_verifier
 
     eng = Scripted({0: NO_CODE, 1: ILLEGAL})
@@ -152,8 +151,8 @@ def test_rl_rollout_verifies_through_the_service(service, monkeypatch):
     with serving(service()) as url:
         verifier = make_verifier(url, {})
         assert isinstance(verifier, ServiceVerifier)
-        trajs, st = run_rollout([Job(RELU, task_messages(RELU, "cpu", one_shot=False))], eng, verifier, max_turns=2)
-    t = trajs[0]
-    assert [x.status for x in t.turns] == ["format_error", "illegal"] and t.scores == [-1.0, -1.0]
+        t = Episode(RELU, task_messages(RELU, "cpu", one_shot=False), max_turns=2)
+        st = run_episodes([t], eng.generate, verifier.verify)
+    assert [x.status for x in t.rounds] == ["format_error", "illegal"] and t.scores == [-1.0, -1.0]
     assert eng.seen[1][0][3]["content"].startswith("=== System Feedback for Round 1 ===\nStatus: format_error")
     assert st.responses == 2 and st.verify_s > 0

@@ -265,7 +265,6 @@ def _build(name: str, src: str, functions) -> Path:
     return Path(mod.__file__)
 
 
-@pytest.mark.slow
 def test_real_extensions():
     honest = library_symbols(_build("mc_sym_honest", HONEST_EXT, ["relu_own"]))
     assert "std::thread::hardware_concurrency()" in honest.imported

@@ -6,8 +6,6 @@ import hashlib
 import sqlite3
 from pathlib import Path
 
-import pytest
-
 from musacoder.config import VerifyConfig
 from musacoder.examples_catalog import EXAMPLES_DIR
 from musacoder.pool.local import LocalPool
@@ -38,7 +36,6 @@ def _src(name: str) -> str:
     return (EXAMPLES_DIR / "cpu" / name).read_text()
 
 
-@pytest.mark.slow
 def test_attackers_do_not_change_later_verdicts(cache_dir, tmp_path):
     with LocalPool(_cfg(cache_dir)) as pool:
         first = pool.submit(RELU, _src("honest_relu.py")).result()  # the attackers' targets now exist
@@ -82,7 +79,6 @@ def test_sandbox_denies_writes_outside_the_private_directory(tmp_path):
     assert (private / "ok").exists() and not (tmp_path / "outside").exists()
 
 
-@pytest.mark.slow
 def test_each_candidate_runs_in_a_fresh_process(cache_dir):
     """The same candidate verified twice runs in two different candidate processes under one judge."""
     with LocalPool(_cfg(cache_dir)) as pool:

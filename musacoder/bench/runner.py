@@ -18,12 +18,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from musacoder.bench import prompts
+from musacoder import conversation
 from musacoder.bench.clients.base import Client, Generation, Request
 from musacoder.bench.metrics import FAST_PS, compute_metrics
 from musacoder.bench.store import GENERATED, GENERATION_ERROR, Row, RunMismatch, Store
 from musacoder.candidates import ExtractionError, extract_code
 from musacoder.config import VerifyConfig
+from musacoder.episode import Episode, Round
 from musacoder.tasks.model import Task
 from musacoder.verifier.api import verify_many
 
@@ -53,14 +54,15 @@ def resolve_backend(backend: str) -> str:
         from musacoder.backends import resolve  # torch imported there, not here: `--help` must stay fast
 
         return resolve(backend)
-    if backend not in prompts.STYLES:
-        raise ValueError(f"backend must be auto, {', '.join(prompts.STYLES)}; not {backend!r}")
+    if backend not in conversation.STYLES:
+        raise ValueError(f"backend must be auto, {', '.join(conversation.STYLES)}; not {backend!r}")
     return backend
 
 
 def _prompt_version(backend: str) -> str:
-    parts = [prompts.SYSTEM, prompts.TASK.template, prompts.EXAMPLE.template, prompts.FEEDBACK.template, prompts.FIX,
-             prompts.OPTIMISE, prompts.EXAMPLE_REFERENCE, *asdict(prompts.STYLES[backend]).values()]
+    c = conversation
+    parts = [c.SYSTEM, c.TASK.template, c.EXAMPLE.template, c.FEEDBACK.template, c.FIX, c.OPTIMISE,
+             c.EXAMPLE_REFERENCE, *asdict(c.STYLES[backend]).values()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
 
@@ -82,18 +84,18 @@ def plan(tasks: list[Task], rows: list[Row], cfg: BenchConfig, backend: str, tur
     have = {(r.task, r.sample, r.turn): r for r in rows}
     gen, ver = [], []
     for task in tasks:
-        first = None
+        first = conversation.task_messages(task, backend, cfg.one_shot)
         for s in range(cfg.samples):
             prev = [have.get((task.key, s, k)) for k in range(1, turn)]
             if not all(p is not None and p.verified for p in prev):
                 continue  # an earlier turn is unfinished: it comes first
-            if cfg.stop_on_success and any(p.passed for p in prev):
+            ep = Episode(task, first, max_turns=cfg.turns, stop_on_success=cfg.stop_on_success,
+                         rounds=[Round(p.raw, p.verdict["feedback"], p.passed) for p in prev])
+            if ep.finished:
                 continue
             row = have.get((task.key, s, turn))
             if row is None or row.status == GENERATION_ERROR:
-                first = first or prompts.task_messages(task, backend, cfg.one_shot)
-                msgs = prompts.conversation(first, [(p.raw, p.verdict["feedback"], p.passed) for p in prev])
-                gen.append(Request(task, s, turn, msgs, cfg.temperature, cfg.top_p, cfg.max_tokens,
+                gen.append(Request(task, s, turn, ep.messages(), cfg.temperature, cfg.top_p, cfg.max_tokens,
                                    request_seed(cfg.seed, task.key, s, turn)))
             elif row.status == GENERATED or row.status in RETRY_VERDICTS:
                 ver.append(row)

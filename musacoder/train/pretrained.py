@@ -32,7 +32,11 @@ def import_gguf(src: Path, out: Path, dtype: str = "bfloat16") -> Path:
         raise SystemExit(f"error: {src}: no such GGUF file")
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=getattr(torch, dtype))
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=getattr(torch, dtype))
+    config = loaded.config
+    # the GGUF's quantisation record would make Trainer refuse full fine-tuning of the dequantised weights
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.load_state_dict(loaded.state_dict())
     model.generation_config.do_sample = True
     out.mkdir(parents=True, exist_ok=True)

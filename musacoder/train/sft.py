@@ -18,7 +18,7 @@ import torch
 import yaml
 from jinja2 import TemplateError
 
-from musacoder.settings import Settings
+from musacoder.settings import Settings, check_passthrough
 from musacoder.train.data import DataError, Mix, Problem, Record, Source, draw, last_turn_mask, mix
 
 FINAL = "final"  # the output dir's subdirectory holding the trained model and tokenizer
@@ -182,9 +182,17 @@ def _report_problems(problems: list[Problem], out: Path, shown: int = 10) -> Non
         con.print(f"  ... and {len(problems) - shown} more")
 
 
-def _save_loss(out: Path, history: list[dict]) -> None:
+def _save_loss(out: Path, history: list[dict], world_size: int = 1) -> None:
     points = [{"step": h["step"], "epoch": h.get("epoch"), "loss": h["loss"]} for h in history if "loss" in h]
     (out / "loss.json").write_text(json.dumps(points, indent=1))
+    # throughput for multi-GPU comparisons: tokens/s per GPU needs `include_num_input_tokens_seen` (trainer: {...})
+    summary = next((h for h in reversed(history) if "train_runtime" in h), None)
+    if summary:
+        tokens = next((h["num_input_tokens_seen"] for h in reversed(history) if "num_input_tokens_seen" in h), None)
+        summary = {**summary, "world_size": world_size, "num_input_tokens_seen": tokens}
+        if tokens:
+            summary["tokens_per_s_per_gpu"] = round(tokens / summary["train_runtime"] / world_size, 1)
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
     if not points:
         return
     import matplotlib
@@ -216,7 +224,7 @@ def build_trainer(cfg: SFTConfig):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     bf16 = cfg.bf16 if cfg.bf16 is not None else torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    args = trl.SFTConfig(
+    own = dict(
         output_dir=str(out), learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type,
         warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay, optim=cfg.optim,
         num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps,
@@ -226,7 +234,9 @@ def build_trainer(cfg: SFTConfig):
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit, seed=cfg.seed,
         max_length=cfg.max_length, report_to="none", remove_unused_columns=False,
         dataloader_pin_memory=torch.cuda.is_available(),
-        dataset_kwargs={"skip_prepare_dataset": True}, **cfg.trainer)
+        dataset_kwargs={"skip_prepare_dataset": True})
+    check_passthrough(cfg.trainer, trl.SFTConfig, set(own))
+    args = trl.SFTConfig(**own, **cfg.trainer)
     rows, bad = tokenize_items(m, tok, cfg.max_length)
     problems = m.problems + bad
     if args.process_index == 0:
@@ -256,8 +266,15 @@ def train_sft(cfg: SFTConfig) -> Path:
     out = Path(cfg.output_dir)
     trainer = build_trainer(cfg)
     last = get_last_checkpoint(str(out)) if cfg.resume and out.is_dir() else None
+    con = Console(stderr=True)
     if last:
-        Console(stderr=True).print(f"resuming from {last}")
+        con.print(f"resuming from {last}")
+    low = {q.dtype for q in trainer.model.parameters() if q.requires_grad} & {torch.bfloat16, torch.float16}
+    if low and not trainer.is_deepspeed_enabled and trainer.is_world_process_zero():
+        # measured on SmolLM2-135M (docs/benchmarks.md): bf16 weights at lr 2e-5 barely moved the loss
+        con.print(f"[yellow]warning:[/yellow] trainable weights are {', '.join(sorted(map(str, low)))}: the optimiser "
+                  "updates them in that precision and steps below its resolution are lost. Use `dtype: float32` "
+                  "(bf16 mixed precision still computes in bf16) or DeepSpeed (fp32 master weights).")
     trainer.train(resume_from_checkpoint=last)
 
     final = out / FINAL
@@ -269,6 +286,6 @@ def train_sft(cfg: SFTConfig) -> Path:
     else:
         trainer.save_model(str(final))  # on every rank: gathers sharded weights under DeepSpeed / FSDP
     if trainer.is_world_process_zero():
-        _save_loss(out, trainer.state.log_history)
+        _save_loss(out, trainer.state.log_history, trainer.args.world_size)
         (out / "sft_config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     return final

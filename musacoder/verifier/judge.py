@@ -520,6 +520,13 @@ class _Run:
 
     def close(self):
         if self.cand is not None:
+            # A consumer killed while it maps the judge's CUDA IPC buffers never lets go of them: the judge's memory
+            # stays allocated and the worker is recycled (~10 s). Ask first; a candidate that ignores it costs that.
+            if self.j.device.type == "cuda" and self.cand.proc.alive:
+                try:
+                    self.cand.call(SubjectCommand(op="release"), 5)
+                except Exception:  # anything the candidate sends back or does here only costs a recycle
+                    pass
             self.cand.close()
         ref = self.j.ref
         if ref is not None and ref.proc.alive:

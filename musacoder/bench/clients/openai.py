@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import httpx
 import openai
 
-from musacoder.bench import prompts
+from musacoder import conversation
 from musacoder.bench.clients.base import Client, Generation, Request
 
 RETRY_STATUS = {408, 409, 425, 429}  # and every 5xx: transient. Other 4xx (400 context length, 404 model, 422) are
@@ -165,22 +165,22 @@ class OpenAIClient(Client):
             return None
 
     async def _fit(self, http: httpx.AsyncClient, req: Request) -> tuple[list, int, int | None]:
-        """(messages, max_tokens, prompt tokens) that fit the context; raises prompts.BudgetError."""
+        """(messages, max_tokens, prompt tokens) that fit the context; raises conversation.BudgetError."""
         if not self.context_len:
             return req.messages, req.max_tokens, None
         exact = await self.count_tokens(http, req.messages)
         # With an exact count, scale the estimate to it, so the cut (which needs many counts) is about right.
-        scale = exact / prompts.estimate_tokens(req.messages) if exact else 1.0
-        msgs, max_tokens = prompts.fit_prompt(req.messages, self.context_len, req.max_tokens,
-                                              lambda m: math.ceil(prompts.estimate_tokens(m) * scale - 1e-6))
+        scale = exact / conversation.estimate_tokens(req.messages) if exact else 1.0
+        msgs, max_tokens = conversation.fit_prompt(req.messages, self.context_len, req.max_tokens,
+                                              lambda m: math.ceil(conversation.estimate_tokens(m) * scale - 1e-6))
         if msgs == req.messages:  # nothing cut: with an exact count, max_tokens is exact too
             return req.messages, max_tokens, exact
         n = await self.count_tokens(http, msgs) if exact else None
         if n:  # the cut prompt's exact length decides the answer room
             max_tokens = min(req.max_tokens, self.context_len - n)
             if max_tokens < 1:
-                raise prompts.BudgetError(f"the prompt is {n} tokens with earlier answers cut; the model's context "
-                                          f"is {self.context_len}")
+                raise conversation.BudgetError(f"the prompt is {n} tokens with earlier answers cut; the model's "
+                                               f"context is {self.context_len}")
         return msgs, max_tokens, n
 
     async def _limited(self, sem: asyncio.Semaphore, api: openai.AsyncOpenAI, http: httpx.AsyncClient,
@@ -189,7 +189,7 @@ class OpenAIClient(Client):
             t0 = time.perf_counter()
             try:
                 msgs, max_tokens, n = await self._fit(http, req)
-            except prompts.BudgetError as e:
+            except conversation.BudgetError as e:
                 return Generation(error=f"prompt does not fit: {e}", attempts=0)
             gen = await self.complete(api, req, msgs, max_tokens)
             gen.seconds = time.perf_counter() - t0

@@ -13,7 +13,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from musacoder.bench.prompts import conversation
+from musacoder.conversation import conversation
+from musacoder.episode import Round
 from musacoder.settings import Settings
 
 
@@ -42,12 +43,12 @@ class RetryItem:
     score: float = -1.0  # its eq.-2 reward
     uses: int = 0
 
-    def repair_history(self) -> list[tuple[str, str, bool]]:
-        """The earlier round a repair task starts from, in `bench.prompts.conversation`'s form."""
-        return [(self.code, self.feedback, False)]
+    def repair_history(self) -> list[Round]:
+        """The earlier round a repair task starts from."""
+        return [Round(self.code, self.feedback, False, score=self.score)]
 
     def repair_messages(self) -> list[dict]:
-        return conversation(self.messages, self.repair_history())
+        return conversation(self.messages, [r.as_tuple() for r in self.repair_history()])
 
 
 @dataclass

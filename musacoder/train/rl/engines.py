@@ -23,6 +23,10 @@ class Sample:
     text: str
     truncated: bool  # hit the token limit before end-of-sequence
 
+    @property
+    def n_tokens(self) -> int:
+        return len(self.completion_ids)
+
 
 class Engine(Protocol):
     def encode(self, messages: list[dict]) -> list[int]:

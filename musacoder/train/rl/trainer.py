@@ -22,14 +22,15 @@ import torch
 import yaml
 
 from musacoder.backends import resolve
-from musacoder.bench.prompts import task_messages
+from musacoder.conversation import task_messages
+from musacoder.episode import Episode, run_episodes
+from musacoder.settings import check_passthrough
 from musacoder.tasks import Task, load_tasks
 from musacoder.tasks.loaders import BUILTIN_DIR
 from musacoder.train.rl.algos import best_turn_reward, log_ratio_means, primeecho_reward
 from musacoder.train.rl.bdr import RetryBuffer, RetryItem
 from musacoder.train.rl.config import MirrorPopSettings, RLConfig
 from musacoder.train.rl.engines import HFEngine, Sampling, VLLMEngine
-from musacoder.train.rl.rollout import Job, Trajectory, run_rollout
 from musacoder.train.rl.verifiers import Verifier, make_verifier
 
 METRICS = "metrics.jsonl"
@@ -42,7 +43,7 @@ def _prompt_key(messages: list[dict]) -> str:
     return json.dumps(messages, sort_keys=True)
 
 
-def trajectory_reward(t: Trajectory, cfg: RLConfig) -> float:
+def trajectory_reward(t: Episode, cfg: RLConfig) -> float:
     if cfg.primeecho.enabled:
         return primeecho_reward(t.scores, t.passed, cfg.primeecho.alpha, cfg.primeecho.early_bonus)
     return best_turn_reward(t.scores)
@@ -70,45 +71,48 @@ class Rollouts:
                         Sampling(c.temperature, c.top_p, c.top_k, c.max_new_tokens), trainer.eos_token_ids,
                         c.gen_batch_size)
 
-    def jobs(self, prompts: list) -> tuple[list[Job], int]:
-        """One job per prompt; whole groups become BDR repair tasks. Returns the jobs and the retries issued."""
+    def episodes(self, prompts: list) -> tuple[list[Episode], int]:
+        """One episode per prompt; whole groups become BDR repair tasks. Returns them and the retries issued."""
         g = self.cfg.group_size
         if len(prompts) % g or any(prompts[i] != prompts[i - i % g] for i in range(len(prompts))):
             raise RuntimeError("rollouts expect each prompt repeated group_size times in a row (one process)")
         firsts = prompts[::g]
         draws = self.buffer.draw(len(firsts)) if self.cfg.bdr.enabled else [None] * len(firsts)
-        jobs = []
+        eps = []
         for p, item in zip(firsts, draws):
             if item is not None:
-                job = Job(self.tasks[item.task], item.messages, item.repair_history(), repair=True)
+                task, first, history = self.tasks[item.task], item.messages, item.repair_history()
             else:
-                job = Job(self.by_prompt[_prompt_key(p)], p)
-            jobs += [job] * g
-        return jobs, sum(d is not None for d in draws)
+                task, first, history = self.by_prompt[_prompt_key(p)], p, []
+            eps += [Episode(task, first, list(history), repair=item is not None, max_turns=self.cfg.max_turns)
+                    for _ in range(g)]
+        return eps, sum(d is not None for d in draws)
 
     def __call__(self, prompts: list, trainer) -> dict:
         if trainer.accelerator.num_processes > 1:
             raise RuntimeError("the TRL trainer runs in one process; use the verl adapter for several GPUs")
         self.engine = self.engine or self._engine(trainer)
-        jobs, retries = self.jobs(prompts)
-        trajs, st = run_rollout(jobs, self.engine, self.verifier, self.cfg.max_turns, self.cfg.max_prompt_tokens)
+        trajs, retries = self.episodes(prompts)
+        limit = self.cfg.max_prompt_tokens
+        st = run_episodes(trajs, self.engine.generate, self.verifier.verify,
+                          (lambda m: len(self.engine.encode(m)) <= limit) if limit else None)
         rewards = [trajectory_reward(t, self.cfg) for t in trajs]
         g = self.cfg.group_size
         groups = [trajs[i:i + g] for i in range(0, len(trajs), g)]
         dead = [grp for grp in groups if not any(any(t.passed) for t in grp)]
         for grp in dead:
-            if self.cfg.bdr.enabled and not grp[0].job.repair:  # a failed repair is not buffered again
+            if self.cfg.bdr.enabled and not grp[0].repair:  # a failed repair is not buffered again
                 self.buffer.add(_retry_item(grp))
         if self.cfg.log_rollouts:
             self._write(trajs, rewards, trainer.state.global_step + 1, Path(trainer.args.output_dir) / ROLLOUTS)
-        repair = [t for t in trajs if t.job.repair]
+        repair = [t for t in trajs if t.repair]
         log = trainer._log_metric  # the hook behind TRL's `log_metric`; flushed into this step's logs
         for name, value in {
             "rl/reward_mean": sum(rewards) / len(rewards),
             "rl/reward_std": torch.tensor(rewards).std().item(),
-            "rl/first_turn_pass": sum(t.turns[0].passed for t in trajs) / len(trajs),
+            "rl/first_turn_pass": sum(t.rounds[0].passed for t in trajs) / len(trajs),
             "rl/best_turn_pass": sum(any(t.passed) for t in trajs) / len(trajs),
-            "rl/mean_turns": sum(len(t.turns) for t in trajs) / len(trajs),
+            "rl/mean_turns": sum(len(t.rounds) for t in trajs) / len(trajs),
             "rl/all_failed_groups": len(dead) / len(groups),
             "bdr/buffer_size": len(self.buffer),
             "bdr/retries": retries,
@@ -122,25 +126,26 @@ class Rollouts:
             "verifier/calls": st.responses,
         }.items():
             log(name, float(value))
-        return {"prompt_ids": [t.first.prompt_ids for t in trajs],
-                "completion_ids": [t.first.completion_ids for t in trajs],
-                "logprobs": [t.first.logprobs for t in trajs],
+        firsts = [t.rounds[0].sample for t in trajs]  # the first response: the only one the gradient goes through
+        return {"prompt_ids": [f.prompt_ids for f in firsts],
+                "completion_ids": [f.completion_ids for f in firsts],
+                "logprobs": [f.logprobs for f in firsts],
                 "rl_reward": rewards}
 
-    def _write(self, trajs: list[Trajectory], rewards: list[float], step: int, path: Path) -> None:
+    def _write(self, trajs: list[Episode], rewards: list[float], step: int, path: Path) -> None:
         with open(path, "a") as f:
             for t, r in zip(trajs, rewards):
-                rec = {"step": step, "task": t.job.task.key, "repair": t.job.repair, "reward": r,
-                       "turns": [{"status": u.status, "score": u.score, "tokens": u.tokens} for u in t.turns]}
+                rec = {"step": step, "task": t.task.key, "repair": t.repair, "reward": r,
+                       "turns": [{"status": u.status, "score": u.score, "tokens": u.tokens} for u in t.rounds]}
                 if self.cfg.log_texts:
-                    rec["texts"] = [u.text for u in t.turns]
+                    rec["texts"] = [u.text for u in t.rounds]
                 f.write(json.dumps(rec) + "\n")
 
 
-def _retry_item(group: list[Trajectory]) -> RetryItem:
+def _retry_item(group: list[Episode]) -> RetryItem:
     """The group's most nearly right answer (best score over all turns) and the feedback it got."""
-    t, turn = max(((t, turn) for t in group for turn in t.turns), key=lambda x: x[1].score)
-    return RetryItem(t.job.task.key, t.job.messages, turn.text, turn.feedback, turn.score)
+    t, turn = max(((t, turn) for t in group for turn in t.rounds), key=lambda x: x[1].score)
+    return RetryItem(t.task.key, t.first, turn.text, turn.feedback, turn.score)
 
 
 def rl_reward(prompts, completions, rl_reward, **kwargs) -> list[float]:
@@ -268,7 +273,7 @@ def build_trainer(cfg: RLConfig):
     rows = rows * math.ceil(cfg.prompts_per_step / len(rows))
     completions = cfg.prompts_per_step * cfg.group_size
     bf16 = cfg.bf16 if cfg.bf16 is not None else torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    args = trl.GRPOConfig(
+    own = dict(
         output_dir=str(out), max_steps=cfg.max_steps, learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm, per_device_train_batch_size=cfg.micro_batch,
@@ -282,8 +287,9 @@ def build_trainer(cfg: RLConfig):
         **({"vllm_server_base_url": cfg.vllm_server_url} if cfg.vllm_server_url else {}),
         vllm_importance_sampling_correction=False,  # MirrorPop is this method's off-policy correction
         bf16=bf16, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
-        logging_steps=1, report_to="none", seed=cfg.seed, dataloader_pin_memory=torch.cuda.is_available(),
-        **cfg.trainer)
+        logging_steps=1, report_to="none", seed=cfg.seed, dataloader_pin_memory=torch.cuda.is_available())
+    check_passthrough(cfg.trainer, trl.GRPOConfig, set(own))
+    args = trl.GRPOConfig(**own, **cfg.trainer)
     trainer = _trainer_class()(model=model, reward_funcs=[rl_reward], args=args,
                                train_dataset=Dataset.from_list(rows), processing_class=tok,
                                rollout_func=rollouts, callbacks=[_callback(out, buffer)])

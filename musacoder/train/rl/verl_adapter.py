@@ -41,7 +41,8 @@ from verl.trainer.ppo.core_algos import (
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.config.actor import PolicyLossConfig
 
-from musacoder.bench.prompts import conversation, task_messages
+from musacoder.conversation import task_messages
+from musacoder.episode import Episode, Round
 from musacoder.settings import Settings
 from musacoder.tasks.model import Task
 from musacoder.train.rl.algos import best_turn_reward, log_ratio_means, primeecho_reward
@@ -196,16 +197,6 @@ def buffer_actor(s: VerlSettings, seed: int = 0):
     return _actor["handle"]
 
 
-def _elided(rounds: list[tuple]):
-    """Histories from full to shortest: earlier answers replaced oldest first; the latest answer (which the last
-    feedback is about), every feedback and the first turn (the task statement) always stay."""
-    yield rounds
-    rounds = list(rounds)
-    for i in range(len(rounds) - 1):
-        rounds[i] = ("(earlier answer omitted to fit the prompt budget)",) + tuple(rounds[i][1:])
-        yield list(rounds)
-
-
 @register_agent_loop("musacoder_agent")
 class KernelAgentLoop(SharedVerifier, AgentLoopBase):
     def __init__(self, *args, **kwargs):
@@ -213,11 +204,10 @@ class KernelAgentLoop(SharedVerifier, AgentLoopBase):
         self.s = VerlSettings.from_config(self.config)
         self.verifier = self.init_verifier(self.s)
 
-    async def prompt_ids(self, first: list[dict], rounds: list[tuple]) -> list[int] | None:
+    async def prompt_ids(self, ep: Episode) -> list[int] | None:
         """The next turn's prompt within rollout.prompt_length, eliding earlier answers as needed; None when it does
         not fit even so. Built without verl's cap, which would left-truncate the task statement away."""
-        for hist in _elided(rounds):
-            msgs = conversation(first, hist)
+        for msgs in ep.elisions():
             ids = await self.loop.run_in_executor(None, self.continuous_token_builder.build_initial_tokens, msgs)
             if len(ids) <= self.rollout_config.prompt_length:
                 return ids
@@ -225,34 +215,26 @@ class KernelAgentLoop(SharedVerifier, AgentLoopBase):
 
     async def run(self, sampling_params: dict, **kwargs) -> AgentLoopOutput:
         info = kwargs["extra_info"]
-        task = _task(info)
-        first = info.get("first_messages") or list(kwargs["raw_prompt"])  # a repair task keeps the original prompt
-        rounds = [tuple(r) for r in info.get("history", [])]
-        scores, passed, statuses, out0 = [], [], [], None
-        best: tuple[float, str, str] | None = None
-        for k in range(self.s.max_turns):
-            ids = await self.prompt_ids(first, rounds)
+        ep = Episode(_task(info), info.get("first_messages") or list(kwargs["raw_prompt"]),  # a repair keeps its prompt
+                     [Round(*r) for r in info.get("history", [])], bool(info.get("repair")), self.s.max_turns)
+        out0 = None
+        while not ep.finished:
+            ids = await self.prompt_ids(ep)
             if ids is None:
-                if k:
+                if ep.rounds:
                     break  # the conversation outgrew the prompt budget
-                # verl's own cap, as a last resort
-                ids = await self.ct_build_initial_tokens(conversation(first, rounds))
+                ids = await self.ct_build_initial_tokens(ep.messages())  # verl's own cap, as a last resort
             out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=ids,
                                                      sampling_params=sampling_params)
             out0 = out0 or (ids, out)
             text = self.tokenizer.decode(out.token_ids[:self.rollout_config.response_length], skip_special_tokens=True)
-            v = await self.verifier.verify(task, text)
-            scores.append(v.reward)
-            passed.append(v.passed)
-            statuses.append(v.status.value)
-            best = max(best or (v.reward, text, v.feedback), (v.reward, text, v.feedback), key=lambda b: b[0])
-            rounds.append((text, v.feedback, v.passed))
-            if v.passed:
-                break
+            ep.record(text, await self.verifier.verify(ep.task, text))
+        scores, passed = ep.scores, ep.passed
         p = self.s.primeecho
         reward = primeecho_reward(scores, passed, p.alpha, p.early_bonus) if p.enabled else best_turn_reward(scores)
         if self.s.bdr.enabled and "uid" in kwargs:
-            item = None if info.get("repair") else asdict(RetryItem(task.key, first, best[1], best[2], best[0]))
+            best = ep.best()
+            item = None if ep.repair else asdict(RetryItem(ep.task.key, ep.first, best.text, best.feedback, best.score))
             await buffer_actor(self.s).report.remote(str(kwargs["uid"]), self.rollout_config.n, any(passed), item)
         ids, out = out0
         merged, mask, logprobs = await self.ct_merge_assistant_token(
@@ -264,7 +246,7 @@ class KernelAgentLoop(SharedVerifier, AgentLoopBase):
             prompt_ids=merged.token_ids[:len(merged.token_ids) - len(mask)], response_ids=response[:n],
             response_mask=mask[:n], response_logprobs=logprobs[:n] if logprobs else None, reward_score=reward,
             num_turns=2 * len(scores), metrics={},
-            extra_fields={"turn_scores": scores, "turn_statuses": statuses, "repair": bool(info.get("repair"))})
+            extra_fields={"turn_scores": scores, "turn_statuses": [r.status for r in ep.rounds], "repair": ep.repair})
 
 
 @register_reward_manager("musacoder")
@@ -311,7 +293,8 @@ class BDRDataset(RLHFDataset):
             it = RetryItem(**drawn)
             row["raw_prompt"] = it.repair_messages()
             row["extra_info"] = {**row["extra_info"], "repair": True, "first_messages": it.messages,
-                                 "history": it.repair_history(), "task": self.tasks[it.task]}
+                                 "history": [r.as_tuple() for r in it.repair_history()],
+                                 "task": self.tasks[it.task]}
         return row
 
 

@@ -1,14 +1,15 @@
-"""The multi-turn rollout against the real verifier (cpu backend). The engine is scripted: a tiny model cannot be
-made to write a given kernel on a given turn, so the test stands in for the model (only for it)."""
+"""The one multi-turn episode loop (bench, RL and synth use it) against the real verifier (cpu backend). The engine is
+scripted: a tiny model cannot be made to write a given kernel on a given turn, so the test stands in for the model
+(only for it)."""
 
 import pytest
 
-from musacoder.bench.prompts import task_messages
+from musacoder.conversation import task_messages
+from musacoder.episode import ELIDED, Episode, Round, run_episodes
 from musacoder.examples_catalog import EXAMPLES_DIR
 from musacoder.tasks import builtin_task
 from musacoder.train.rl.algos import primeecho_reward
 from musacoder.train.rl.engines import Sample
-from musacoder.train.rl.rollout import Job, run_rollout
 from musacoder.train.rl.verifiers import LocalVerifier
 
 RELU = builtin_task("level1/19_ReLU")
@@ -34,47 +35,61 @@ class Scripted:
         return out
 
 
+def play(episodes, eng, verifier, max_prompt_tokens=None):
+    fits = (lambda m: len(eng.encode(m)) <= max_prompt_tokens) if max_prompt_tokens else None
+    return episodes, run_episodes(episodes, eng.generate, verifier.verify, fits)
+
+
 def test_failing_turns_feed_back_and_stop_at_max_turns(cpu_config):
     eng = Scripted({0: NO_CODE, 1: NO_CODE, 2: NO_CODE})
     first = task_messages(RELU, "cpu", one_shot=False)
-    trajs, st = run_rollout([Job(RELU, first)] * 2, eng, LocalVerifier(cpu_config), max_turns=3)
-    assert [len(t.turns) for t in trajs] == [3, 3] and st.responses == 6 and st.tokens == 6 * 5
-    assert all(t.status == "format_error" and t.score == -1.0 and not t.passed for t in trajs[0].turns)
+    trajs, st = play([Episode(RELU, first), Episode(RELU, first)], eng, LocalVerifier(cpu_config))
+    assert [len(t.rounds) for t in trajs] == [3, 3] and st.responses == 6 and st.tokens == 6 * 5
+    assert all(t.status == "format_error" and t.score == -1.0 and not t.passed for t in trajs[0].rounds)
     assert trajs[0].first_success is None
     turn2 = eng.seen[1][0]
     assert turn2[:2] == first and turn2[2] == {"role": "assistant", "content": "I would use a loop."}
     assert turn2[3]["content"].startswith("=== System Feedback for Round 1 ===\nStatus: format_error")
     assert eng.seen[2][0][5]["content"].startswith("=== System Feedback for Round 2 ===")
-    assert trajs[0].first.text == NO_CODE  # the sample trained on is the first response
+    assert trajs[0].rounds[0].sample.text == NO_CODE  # the sample trained on is the first response
 
 
 def test_single_turn_mode_and_repair_numbering(cpu_config):
     eng = Scripted({0: NO_CODE, 1: NO_CODE, 2: NO_CODE})
     first = task_messages(RELU, "cpu", one_shot=False)
-    trajs, _ = run_rollout([Job(RELU, first)], eng, LocalVerifier(cpu_config), max_turns=1)
-    assert len(trajs[0].turns) == 1 and len(eng.seen) == 1
+    trajs, _ = play([Episode(RELU, first, max_turns=1)], eng, LocalVerifier(cpu_config))
+    assert len(trajs[0].rounds) == 1 and len(eng.seen) == 1
     eng = Scripted({1: NO_CODE, 2: NO_CODE})
-    repair = Job(RELU, first, [("old answer", "Status: incorrect", False)], repair=True)
-    trajs, _ = run_rollout([repair], eng, LocalVerifier(cpu_config), max_turns=2)
+    repair = Episode(RELU, first, [Round("old answer", "Status: incorrect", False)], repair=True, max_turns=2)
+    trajs, _ = play([repair], eng, LocalVerifier(cpu_config))
     assert eng.seen[0][0][3]["content"].startswith("=== System Feedback for Round 1 ===\nStatus: incorrect")
     assert eng.seen[1][0][5]["content"].startswith("=== System Feedback for Round 2 ===")
-    assert len(trajs[0].turns) == 2  # the repair response is the trajectory's first turn
+    assert len(trajs[0].rounds) == 2  # the repair response is the trajectory's first turn
 
 
 def test_long_conversations_stop(cpu_config):
     eng = Scripted({0: NO_CODE, 1: NO_CODE})
     first = task_messages(RELU, "cpu", one_shot=False)
     limit = len(eng.encode(first)) + 5  # the first prompt fits, the one carrying feedback does not
-    trajs, st = run_rollout([Job(RELU, first)], eng, LocalVerifier(cpu_config), max_turns=3, max_prompt_tokens=limit)
-    assert len(trajs[0].turns) == 1 and st.stopped_long == 1
+    trajs, st = play([Episode(RELU, first)], eng, LocalVerifier(cpu_config), max_prompt_tokens=limit)
+    assert len(trajs[0].rounds) == 1 and st.stopped_long == 1
 
 
-@pytest.mark.slow
 def test_repaired_on_turn_two_by_the_real_verifier(cpu_config):
     eng = Scripted({0: NO_CODE, 1: HONEST, 2: NO_CODE})
-    trajs, st = run_rollout([Job(RELU, task_messages(RELU, "cpu", one_shot=False))], eng, LocalVerifier(cpu_config))
+    trajs, st = play([Episode(RELU, task_messages(RELU, "cpu", one_shot=False))], eng, LocalVerifier(cpu_config))
     t = trajs[0]
-    assert [x.status for x in t.turns] == ["format_error", "ok"] and t.first_success == 2
+    assert [x.status for x in t.rounds] == ["format_error", "ok"] and t.first_success == 2
     assert t.scores == [-1.0, 1.0]  # timing off: a correct kernel scores exactly 1
     assert primeecho_reward(t.scores, t.passed) == pytest.approx(-0.4)
     assert len(eng.seen) == 2 and st.verify_s > 0
+
+
+def test_elisions_keep_the_task_the_latest_answer_and_every_feedback():
+    first = task_messages(RELU, "cpu", one_shot=False)
+    ep = Episode(RELU, first, [Round("a0", "f0", False)], rounds=[Round("a1", "f1", False), Round("a2", "f2", True)])
+    assert ep.finished  # the last round passed
+    shapes = [[m["content"] for m in msgs if m["role"] == "assistant"] for msgs in ep.elisions()]
+    assert shapes == [["a0", "a1", "a2"], [ELIDED, "a1", "a2"], [ELIDED, ELIDED, "a2"]]
+    assert all(msgs[:2] == first and sum("f2" in m["content"] for m in msgs) == 1 for msgs in ep.elisions())
+    assert not Episode(RELU, first, rounds=[Round("a", "f", True)], stop_on_success=False).finished

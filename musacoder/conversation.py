@@ -1,4 +1,5 @@
-"""Prompt templates: the MusaCoder single-block format per backend, a one-shot example slot, the feedback turn.
+"""The conversation format shared by bench, RL and synth: the MusaCoder single-block prompt per backend, a one-shot
+example slot, the feedback turn, and fitting a conversation into a context window.
 
 Templates use `string.Template` (`$name`) because the code they carry is full of braces.
 """

@@ -2,7 +2,7 @@
 
 import pytest
 
-from musacoder.bench.prompts import (
+from musacoder.conversation import (
     CUT,
     EXAMPLE_REFERENCE,
     FIX,
