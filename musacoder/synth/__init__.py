@@ -1,0 +1,1 @@
+"""Data synthesis (the method's step 1): tasks beyond KernelBench and verified solutions for them."""
