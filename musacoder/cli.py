@@ -18,6 +18,7 @@ from rich.table import Table
 from musacoder import __version__
 from musacoder.cli_base import App, Backend, LogLevel, Precision, Profile, err, fail
 from musacoder.musa.cli import port_app
+from musacoder.synth.cli import synth_app
 from musacoder.tasks.select import IdsOpt, LevelsOpt, NamesOpt, TasksOpt
 
 app = App(add_completion=False, no_args_is_help=True, help="MusaCoder: LLMs that write native kernels.")
@@ -36,6 +37,7 @@ except ImportError as _e:  # pragma: no cover - depends on what is installed
 cache_app = App(add_completion=False, no_args_is_help=True, help="Inspect or clear the build/baseline/verdict cache.")
 app.add_typer(cache_app, name="cache")
 app.add_typer(port_app, name="port")
+app.add_typer(synth_app, name="synth")
 
 
 def _version(value: bool):
@@ -302,6 +304,11 @@ def cache_clear(kind: str | None = typer.Option(None, help="one kind as `cache i
     console.print(f"cleared {', '.join(cleared) or 'nothing'} in {root}")
 
 
+def _given(**options) -> dict:
+    """Command-line options that were given, to lay over a config file's settings."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
 SET_OPTION = typer.Option([], "--set", metavar="KEY=VALUE",
                           help="override one setting of the config, YAML value; repeatable (lora.r=16, max_steps=50)")
 
@@ -333,14 +340,16 @@ def _check_local_model(spec: str) -> None:
 @app.command()
 def rft(config: Path = typer.Option(..., help="RFT settings (YAML), e.g. configs/rft-tiny.yaml"),
         output_dir: str | None = typer.Option(None, help="overrides the config's output_dir"),
-        set_: list[str] = SET_OPTION):
+        set_: list[str] = SET_OPTION, tasks: TasksOpt = None, levels: LevelsOpt = None, ids: IdsOpt = None,
+        names: NamesOpt = None):
     """Diversity-preserving RFT data: sample, verify, cluster each task's passing answers into a pool. Resumable."""
     from musacoder.bench.store import RunMismatch
     from musacoder.tasks import TaskLoadError
     from musacoder.train.rft import RFTConfig, run_rft
 
     try:
-        cfg = RFTConfig.from_yaml(config, set_, **({"output_dir": output_dir} if output_dir else {}))
+        cfg = RFTConfig.from_yaml(config, set_, **_given(output_dir=output_dir, tasks=tasks and str(tasks),
+                                                        levels=levels, ids=ids, names=names))
         _check_local_model(cfg.model)
         run_rft(cfg, console=console)
     except (RunMismatch, TaskLoadError, ValueError, OSError) as e:
@@ -351,7 +360,8 @@ def rft(config: Path = typer.Option(..., help="RFT settings (YAML), e.g. configs
 @app.command()
 def rl(config: Path = typer.Option(..., help="RL settings (YAML), e.g. configs/rl-tiny-cpu.yaml"),
        output_dir: str | None = typer.Option(None, help="overrides the config's output_dir"),
-       set_: list[str] = SET_OPTION):
+       set_: list[str] = SET_OPTION, tasks: TasksOpt = None, levels: LevelsOpt = None, ids: IdsOpt = None,
+       names: NamesOpt = None):
     """Execution-feedback RL (PrimeEcho, BDR, MirrorPop) on TRL's GRPOTrainer. Resumes from the newest checkpoint."""
     from musacoder.tasks import TaskLoadError
     from musacoder.train.data import DataError
@@ -359,7 +369,8 @@ def rl(config: Path = typer.Option(..., help="RL settings (YAML), e.g. configs/r
     from musacoder.train.rl.trainer import METRICS, train_rl
 
     try:
-        cfg = RLConfig.from_yaml(config, set_, **({"output_dir": output_dir} if output_dir else {}))
+        cfg = RLConfig.from_yaml(config, set_, **_given(output_dir=output_dir, tasks=tasks and str(tasks),
+                                                        levels=levels, ids=ids, names=names))
         final = train_rl(cfg)
     except (DataError, TaskLoadError, ValueError, OSError) as e:
         fail(e)

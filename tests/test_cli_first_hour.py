@@ -359,3 +359,17 @@ def test_set_overrides_are_typed_and_validated(tmp_path, capsys):
         check_passthrough({"num_epochz": 1}, trl.SFTConfig, set())
     with pytest.raises(ValueError, match="set by musacoder's own settings"):
         check_passthrough({"output_dir": "x"}, trl.SFTConfig, {"output_dir"})
+
+
+def test_rl_and_rft_select_tasks_like_verify_and_bench(tmp_path, capsys):
+    from musacoder.train.rft import RFTConfig
+    from musacoder.train.rft import _tasks as rft_tasks
+    from musacoder.train.rl.config import RLConfig
+    from musacoder.train.rl.trainer import _tasks as rl_tasks
+
+    assert [t.key for t in rl_tasks(RLConfig(model="m", ids=[19, 23]))] == ["level1/19_ReLU", "level1/23_Softmax"]
+    assert [t.key for t in rft_tasks(RFTConfig(model="replay:x", levels="2"))] == ["level2/76_Gemm_Add_ReLU"]
+    cfg = tmp_path / "rl.yaml"
+    cfg.write_text(f"model: {tmp_path}/m\noutput_dir: {tmp_path}/out\n")
+    assert call(cli.app, "rl", "--config", cfg, "--names", "nope") == 2
+    assert "error: no task in the shipped tasks matches --names nope" in capsys.readouterr().err

@@ -38,11 +38,31 @@ def _verified(backend: str, keys: list[str], cache_dir) -> dict:
     return {k: (got[i], results[k]) for i, k in enumerate(keys)}
 
 
-def test_cpu_candidate_is_verified_ok(cache_dir):
-    (v, r), = _verified("cpu", ["level1/19_ReLU"], cache_dir).values()
-    assert "load_inline" in r.candidate and "class ModelNew" in r.candidate and r.kernels == ["cpp_fused_relu_0"]
-    # strict profile: seeds, input variants and a rescaled shape: the kernel is shape-generic, not specialised
-    assert v.status.value == "ok" and v.correctness == 1.0, v.reason
+def test_synth_solve_verifies_teacher_solutions_and_writes_sft_records(tmp_path, cache_dir):
+    """A shipped task and a generated one through `solve_tasks`: candidates verified (strict profile: seeds, input
+    variants, a rescaled shape, so a shape-specialised kernel would fail), stored with verdicts, passing ones as SFT
+    records the training loader reads; a rerun tries nothing again."""
+    import json
+
+    from musacoder.synth.graphs import GraphSpec, generate, render
+    from musacoder.synth.solve import SFT, SOLUTIONS, solve_tasks
+    from musacoder.tasks import Task
+    from musacoder.train.data import load_records
+
+    spec = GraphSpec(families=("broadcast", "activation", "binary"), min_ops=3, max_ops=3, size=0.25)
+    gen = Task(name="generated", code=render(generate(11, spec)))
+    tasks = [builtin_task("level1/19_ReLU"), gen, builtin_task("level1/1_Square_matrix_multiplication_")]
+    cfg = VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False)
+    summary = solve_tasks(tasks, tmp_path, cfg)
+    assert summary["teacher"] == {"ok": 2, "extern library call": 1} and summary["verdicts"] == {"ok": 2}, summary
+    rows = {r["task"]: r for r in map(json.loads, (tmp_path / SOLUTIONS).read_text().splitlines())}
+    assert rows["level1/1_Square_matrix_multiplication_"]["status"] == "no_solution"
+    relu = rows["level1/19_ReLU"]
+    assert "load_inline" in relu["code"] and relu["kernels"] == ["cpp_fused_relu_0"] and relu["verdict"]["status"] == "ok"
+    records, problems = load_records([tmp_path / SFT])
+    assert not problems and sorted(r.task for r in records) == ["generated", "level1/19_ReLU"]
+    assert records[0].messages[-1]["role"] == "assistant" and "class ModelNew" in records[0].messages[-1]["content"]
+    assert solve_tasks(tasks, tmp_path, cfg)["tried"] == 0
 
 
 @pytest.mark.gpu

@@ -24,12 +24,14 @@ NamesOpt = Annotated[str | None, typer.Option(help="comma-separated names or key
 _REF_RE = re.compile(r"^(.*)#(\d+)$")
 
 
-def _csv(s: str | None) -> list[str]:
-    return [x.strip() for x in (s or "").split(",") if x.strip()]
+def _csv(s: str | list | None) -> list[str]:
+    """Comma-separated (the command line) or a list (a config file)."""
+    items = s if isinstance(s, list) else (s or "").split(",")
+    return [str(x).strip() for x in items if str(x).strip()]
 
 
-def parse_ints(s: str | None, what: str) -> list[int] | None:
-    if s is None or s.strip() in ("", "all"):
+def parse_ints(s: str | list | None, what: str) -> list[int] | None:
+    if s is None or _csv(s) in ([], ["all"]):
         return None
     try:
         return [int(x) for x in _csv(s)]
@@ -37,8 +39,8 @@ def parse_ints(s: str | None, what: str) -> list[int] | None:
         raise TaskLoadError(f"{what} must be comma-separated integers, not {s!r}") from None
 
 
-def select_tasks(path: str | Path | None, levels: str | None = None, ids: str | None = None,
-                 names: str | None = None) -> list[Task]:
+def select_tasks(path: str | Path | None, levels: str | list | None = None, ids: str | list | None = None,
+                 names: str | list | None = None) -> list[Task]:
     """Tasks under `path` filtered by level, problem id and name. `FILE#N` (the source `musacoder tasks` prints for
     record N of a JSONL/Parquet file) picks that record."""
     from musacoder.tasks.loaders import builtin_tasks, load_tasks

@@ -20,8 +20,8 @@ from musacoder.bench.runner import BenchConfig, run_bench
 from musacoder.bench.store import Row, Store
 from musacoder.config import VerifyConfig
 from musacoder.settings import Settings
-from musacoder.tasks import Task, load_tasks
-from musacoder.tasks.loaders import BUILTIN_DIR
+from musacoder.tasks import Task
+from musacoder.tasks.select import select_tasks
 from musacoder.train.data import Record, draw, write_records
 from musacoder.train.diversity import ClusterSettings, cluster, mean_pairwise_distance
 
@@ -31,7 +31,10 @@ class RFTConfig(Settings):
     model: str = ""  # generation client: hf:PATH | openai:MODEL[@URL] | replay:PATH
     output_dir: str = "runs/rft"
     tasks: str | None = None  # task file or directory; None: the shipped tasks
-    names: list[str] | None = None  # keep only these tasks (substring or "level1/19_ReLU")
+    # the same selection as the command line's --levels/--ids/--names: lists, or comma-separated strings
+    levels: list[int] | str | None = None
+    ids: list[int] | str | None = None
+    names: list[str] | str | None = None  # substring of a name, or a key such as "level1/19_ReLU"
     samples: int = 8  # candidates per task
     temperature: float = 0.9  # RFT's sampling settings were not published; these are the paper's RL ones
     top_p: float = 0.95
@@ -57,7 +60,7 @@ class RFTConfig(Settings):
 
 
 def _tasks(cfg: RFTConfig) -> list[Task]:
-    return load_tasks(cfg.tasks or BUILTIN_DIR, names=cfg.names)
+    return select_tasks(cfg.tasks, cfg.levels, cfg.ids, cfg.names)
 
 
 def _record(row: Row, cluster_id: int, model_id: str) -> Record:

@@ -40,7 +40,10 @@ class RLConfig(Settings):
     warm_start_examples: list[str] | None = None
     output_dir: str = "runs/rl"
     tasks: str | None = None  # task file or directory; None: the shipped tasks
-    names: list[str] | None = None  # keep only these tasks
+    # the same selection as the command line's --levels/--ids/--names: lists, or comma-separated strings
+    levels: list[int] | str | None = None
+    ids: list[int] | str | None = None
+    names: list[str] | str | None = None  # substring of a name, or a key such as "level1/19_ReLU"
     backend: str = "auto"  # prompt style and verifier backend: auto | cpu | cuda | triton
     one_shot: bool = True
     max_turns: int = 3  # 1: the single-turn warm-up

@@ -25,8 +25,8 @@ from musacoder.backends import resolve
 from musacoder.conversation import task_messages
 from musacoder.episode import Episode, run_episodes
 from musacoder.settings import check_passthrough
-from musacoder.tasks import Task, load_tasks
-from musacoder.tasks.loaders import BUILTIN_DIR
+from musacoder.tasks import Task
+from musacoder.tasks.select import select_tasks
 from musacoder.train.rl.algos import best_turn_reward, log_ratio_means, primeecho_reward
 from musacoder.train.rl.bdr import RetryBuffer, RetryItem
 from musacoder.train.rl.config import MirrorPopSettings, RLConfig
@@ -201,10 +201,7 @@ def _callback(out: Path, buffer: RetryBuffer):
 
 
 def _tasks(cfg: RLConfig) -> list[Task]:
-    tasks = load_tasks(cfg.tasks or BUILTIN_DIR, names=cfg.names)
-    if not tasks:
-        raise ValueError(f"no tasks in {cfg.tasks or BUILTIN_DIR} matching {cfg.names}")
-    return tasks
+    return select_tasks(cfg.tasks, cfg.levels, cfg.ids, cfg.names)
 
 
 def warm_start_records(tasks: list[Task], backend: str, one_shot: bool, files: list[str] | None = None
