@@ -36,6 +36,7 @@ from pathlib import Path
 
 from musacoder.config import CorrectnessConfig
 from musacoder.verifier.inputs import Shape, init_inputs, load_module, make_inputs, scaled_constants
+from musacoder.verifier.static import dotted_name
 
 BACKENDS = ("cpu", "triton")
 SHAPE_CHECK_SCALE = 0.75  # one of the verifier's shape_scales
@@ -302,14 +303,7 @@ def _parse_wrapper(code: str, backend: str) -> tuple[dict[str, _Kernel], ast.Fun
 
 
 def _dotted(node) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return ""
+    return dotted_name(node) or ""
 
 
 class _Translator:

@@ -13,21 +13,10 @@ from pathlib import Path
 
 from musacoder.config import VerifyConfig
 from musacoder.conversation import task_messages
+from musacoder.synth.tasks import recorded
 from musacoder.tasks.model import Task
 
 SOLUTIONS, SFT = "solutions.jsonl", "sft.jsonl"
-
-
-def _done(path: Path) -> set[str]:
-    if not path.exists():
-        return set()
-    keys = set()
-    for line in path.read_text().splitlines():
-        try:
-            keys.add(json.loads(line)["task"])
-        except (ValueError, KeyError, TypeError):  # a line cut by an interrupted run: that task is redone
-            continue
-    return keys
 
 
 def solve_tasks(tasks: list[Task], out_dir: Path, cfg: VerifyConfig,
@@ -36,7 +25,7 @@ def solve_tasks(tasks: list[Task], out_dir: Path, cfg: VerifyConfig,
     from musacoder.synth.inductor import compile_candidate
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    done = _done(out_dir / SOLUTIONS)
+    done = recorded(out_dir / SOLUTIONS, lambda r: r["task"])
     todo = [t for t in tasks if t.key not in done]
     teacher = Counter()
     with open(out_dir / SOLUTIONS, "a") as sol, open(out_dir / SFT, "a") as sft:

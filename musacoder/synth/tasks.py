@@ -16,16 +16,21 @@ from musacoder.synth.graphs import GraphSpec, generate, render, task_name
 DROPPED = "dropped.jsonl"
 
 
-def _seeds_in(path: Path) -> set[int]:
+def recorded(path: Path, key: Callable[[dict], object]) -> set:
+    """key(record) of every complete line of a JSONL file (the resume point of an appending run)."""
     if not path.exists():
         return set()
     seen = set()
     for line in path.read_text().splitlines():
         try:
-            seen.add(int(json.loads(line)["metadata"]["seed"]))
-        except (ValueError, KeyError, TypeError):  # a line cut by an interrupted run: that seed is redone
+            seen.add(key(json.loads(line)))
+        except (ValueError, KeyError, TypeError):  # a line cut by an interrupted run: redone
             continue
     return seen
+
+
+def _seed(rec: dict) -> int:
+    return int(rec["metadata"]["seed"])
 
 
 def synth_tasks(out: Path, n: int, seed: int = 0, spec: GraphSpec | None = None, check_scale: float = 1.0,
@@ -34,7 +39,7 @@ def synth_tasks(out: Path, n: int, seed: int = 0, spec: GraphSpec | None = None,
     spec = spec or GraphSpec()
     out.parent.mkdir(parents=True, exist_ok=True)
     dropped_path = out.with_name(DROPPED)
-    done = _seeds_in(out) | _seeds_in(dropped_path)
+    done = recorded(out, _seed) | recorded(dropped_path, _seed)
     todo = [s for s in range(seed, seed + n) if s not in done]
     kept, reasons, families = 0, Counter(), Counter()
     with open(out, "a") as keep, open(dropped_path, "a") as drop:

@@ -71,7 +71,7 @@ class StaticResult:
         return "; ".join(self.reasons)
 
 
-def _dotted(node: ast.AST) -> str | None:
+def dotted_name(node: ast.AST) -> str | None:
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
@@ -131,7 +131,7 @@ class _Checker(ast.NodeVisitor):
 
     # calls
     def visit_Call(self, node: ast.Call):
-        name = _dotted(node.func)
+        name = dotted_name(node.func)
         if isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
             self.bad(node, f"calls {node.func.id}()")
         if name:
@@ -154,8 +154,8 @@ class _Checker(ast.NodeVisitor):
             name = attr.value
             if name in BANNED_DUNDERS or name in BANNED_PRIVATE or name.startswith(BANNED_NAME_PREFIXES):
                 self.bad(node, f"getattr() of {name} (introspection)")
-            elif target is not None and _dotted(target):
-                self._check_path(node, f"{self._resolve(_dotted(target))}.{name}")
+            elif target is not None and dotted_name(target):
+                self._check_path(node, f"{self._resolve(dotted_name(target))}.{name}")
         if not is_self and not (isinstance(attr, ast.Constant) and isinstance(attr.value, str)):
             self.bad(node, f"getattr() with a computed name on {ast.unparse(target) if target is not None else '?'}")
 
@@ -178,7 +178,7 @@ class _Checker(ast.NodeVisitor):
                 self.bad(t, f"assigns {ast.unparse(t)} (monkeypatching a special method)")
         if isinstance(t, ast.Subscript):
             root = _root(t)
-            if isinstance(root, ast.Name) and root.id in self.imported and _dotted(t.value) != "os.environ":
+            if isinstance(root, ast.Name) and root.id in self.imported and dotted_name(t.value) != "os.environ":
                 self.bad(t, f"assigns into {ast.unparse(t.value)}")
 
     def visit_Assign(self, node: ast.Assign):
@@ -198,7 +198,7 @@ class _Checker(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute):
         if node.attr in BANNED_DUNDERS:
             self.bad(node, f"uses {node.attr} (introspection)")
-        dotted = _dotted(node)
+        dotted = dotted_name(node)
         if dotted:
             self._check_path(node, self._resolve(dotted))
         elif node.attr.startswith(BANNED_NAME_PREFIXES):
@@ -245,7 +245,7 @@ def _check_modelnew(tree: ast.Module, res: StaticResult) -> None:
         return
     cls = classes[-1]
     for b in cls.bases:
-        name = _dotted(b) or ast.unparse(b)
+        name = dotted_name(b) or ast.unparse(b)
         if name not in ALLOWED_BASES:
             res.reasons.append(f"line {cls.lineno}: ModelNew subclasses {name} (must subclass nn.Module only)")
     for n in ast.walk(cls):
