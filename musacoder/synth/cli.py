@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 
@@ -14,20 +15,33 @@ synth_app = App(add_completion=False, no_args_is_help=True, help="Synthesize tas
 
 @synth_app.command("tasks")
 def tasks(out: Path = typer.Option(..., help="JSONL of kept tasks (KernelBench records); dropped.jsonl beside it"),
-          n: int = typer.Option(100, min=1, help="graphs to generate"),
-          seed: int = typer.Option(0, help="first seed; seeds seed..seed+n-1, each reproducible"),
+          source: Literal["graphs", "harvest"] = typer.Option(
+              "graphs", help="graphs (random operator graphs) or harvest (real modules of torch.nn, "
+                             "torch.nn.functional, transformers, torchvision, timm)"),
+          n: int | None = typer.Option(None, min=1, help="graphs to generate (default 100); harvest: the first N "
+                                                         "origins (default all)"),
+          seed: int = typer.Option(0, help="first seed; seeds seed..seed+n-1, each reproducible (harvest: draws "
+                                           "every origin's sizes)"),
+          libs: str | None = typer.Option(None, help="harvest: comma-separated sources among nn, functional, "
+                                                     "transformers, torchvision, timm (default: all)"),
+          match: str | None = typer.Option(None, help="harvest: comma-separated glob patterns over the origin or "
+                                                      "its last name, e.g. 'Conv*,torch.nn.functional.*'"),
           min_ops: int = typer.Option(2, min=1), max_ops: int = typer.Option(5, min=1),
           families: str | None = typer.Option(None, help="comma-separated operator families (default: all)"),
           fusion_depth: int = typer.Option(1, min=0, help="binary merges of earlier branches per graph, at most"),
           size: float = typer.Option(1.0, min=0.01, help="multiplies the drawn tensor sizes"),
           check_scale: float = typer.Option(1.0, min=0.01, max=1.0,
                                             help="run the cleaning checks at these sizes (cheaper)")):
-    """Random operator graphs over KernelBench's families as tasks, checked and cleaned. Resumable (appends)."""
+    """Random operator graphs over KernelBench's families (or, with --source harvest, real modules of the installed
+    libraries) as tasks, checked and cleaned. Resumable (appends)."""
     from rich.progress import Progress
 
     from musacoder.synth.graphs import FAMILIES, GraphSpec
     from musacoder.synth.tasks import synth_tasks
 
+    if source == "harvest":
+        return _harvest(out, n, seed, size, check_scale, libs, match)
+    n = 100 if n is None else n
     try:
         fams = tuple(f.strip() for f in families.split(",") if f.strip()) if families else FAMILIES
         spec = GraphSpec(min_ops=min_ops, max_ops=max_ops, families=fams, fusion_depth=fusion_depth, size=size)
@@ -39,6 +53,10 @@ def tasks(out: Path = typer.Option(..., help="JSONL of kept tasks (KernelBench r
         job = bar.add_task("generating and checking", total=n)
         summary = synth_tasks(out, n, seed, spec, check_scale, lambda i, total: bar.update(job, completed=i,
                                                                                            total=total))
+    _report(summary, out)
+
+
+def _report(summary: dict, out: Path):
     err.print(f"{summary['kept']} kept, {summary['generated'] - summary['kept']} dropped"
               + (f", {summary['skipped_existing']} already done" if summary["skipped_existing"] else "")
               + f"  ->  {out}")
@@ -48,31 +66,254 @@ def tasks(out: Path = typer.Option(..., help="JSONL of kept tasks (KernelBench r
         err.print("  families of kept tasks: " + ", ".join(f"{k} {v}" for k, v in summary["families"].items()))
 
 
+def _csv(s: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in s.split(",") if x.strip())
+
+
+def _harvest(out: Path, n: int | None, seed: int, size: float, check_scale: float, libs: str | None,
+             match: str | None):
+    """`synth tasks --source harvest`: real modules of the installed libraries (synth/harvest.py)."""
+    from rich.progress import Progress
+
+    from musacoder.synth.harvest import LIBS, HarvestSpec, harvest_tasks
+
+    if out.exists() and out.is_dir():
+        fail(f"{out} is a directory; give a .jsonl file")
+    with Progress(console=err, transient=True) as bar:
+        job = bar.add_task("harvesting and checking", total=None)
+        try:
+            spec = HarvestSpec(seed=seed, size=size, libs=_csv(libs) if libs else LIBS, match=_csv(match or ""))
+            summary = harvest_tasks(out, spec, check_scale, n, lambda i, total: bar.update(job, completed=i,
+                                                                                           total=total))
+        except ValueError as e:  # a bad source name, or nothing to harvest
+            fail(e)
+    _report(summary, out)
+    for src, counts in summary["sources"].items():
+        err.print(f"  {src}: {counts.get('kept', 0)} kept, {counts.get('dropped', 0)} dropped")
+    for what, why in summary["unavailable"].items():
+        err.print(f"  not harvested: {what}: {why}")
+
+
 @synth_app.command("solve")
 def solve(out: Path = typer.Option(..., help="directory: solutions.jsonl (every try, with its verdict), sft.jsonl"),
           tasks: TasksOpt = None, levels: LevelsOpt = None, ids: IdsOpt = None, names: NamesOpt = None,
-          backend: str = typer.Option("cpu", help="cpu (Inductor's C++) or triton (Inductor's Triton, a GPU)"),
-          limit: int | None = typer.Option(None, min=1, help="the first N tasks only")):
-    """Compiler-teacher solutions for the selected tasks (`synth tasks` output, KernelBench, ...), each verified by
-    MooreEval (strict); the passing ones as SFT records. Resumable."""
+          teacher: str = typer.Option("inductor", help="inductor (the compiler teacher) or a model SPEC: "
+                                      "openai:MODEL@URL, hf:PATH or replay:PATH, as in `bench run --model`"),
+          backend: str = typer.Option("cpu", help="inductor: cpu (its C++) or triton (its Triton, a GPU); a model "
+                                                  "teacher: also cuda (the prompt style and the verifier)"),
+          limit: int | None = typer.Option(None, min=1, help="the first N tasks only"),
+          samples: int = typer.Option(8, min=1, help="samples per task (model teachers)"),
+          temperature: float = typer.Option(0.7, min=0.0),
+          top_p: float = typer.Option(1.0, min=0.0, max=1.0),
+          max_tokens: int = typer.Option(32768, min=1, help="response token limit"),
+          turns: int = typer.Option(1, "--turns", "--rounds", min=1,
+                                    help="responses per sample; > 1 gives a failed answer the verifier's feedback "
+                                         "and another turn, and a repaired answer becomes a multi-turn repair record"),
+          prompt: Literal["bench", "stage2"] = typer.Option(
+              "bench", help="bench (the benchmark's prompt) or stage2 (plus measured tensor metadata and the six-step "
+                            "reasoning template, answered in <think>; model teachers)")):
+    """Teacher solutions for the selected tasks (`synth tasks` output, KernelBench, ...), each verified by MooreEval
+    (strict); the passing ones as SFT records. The compiler teacher tries each task once; a model teacher answers
+    --samples times per task (kept with its reasoning). Resumable; exit 1 when samples are left unfinished (a failed
+    generation, a dead server): rerun the same command to retry them."""
+    from rich.markup import escape
     from rich.progress import Progress
 
     from musacoder.config import VerifyConfig
-    from musacoder.synth.solve import SFT, SOLUTIONS, solve_tasks
+    from musacoder.conversation import STYLES
+    from musacoder.synth.solve import SFT, SOLUTIONS, TeacherConfig, solve_tasks, teach_tasks
     from musacoder.tasks import TaskLoadError
     from musacoder.tasks.select import select_tasks
 
-    if backend not in ("cpu", "triton"):
+    if teacher == "inductor" and backend not in ("cpu", "triton"):
         fail(f"--backend must be cpu or triton (the compiler teacher's), not {backend!r}")
+    if teacher == "inductor" and prompt != "bench":
+        fail("--prompt stage2 asks for reasoning the compiler teacher does not write; use it with a model teacher")
+    if backend not in STYLES:
+        fail(f"--backend must be one of {', '.join(STYLES)}, not {backend!r}")
+    if out.exists() and not out.is_dir():
+        fail(f"{out} is a file; give a directory")
     try:
         found = select_tasks(tasks, levels, ids, names)[:limit]
     except (TaskLoadError, OSError) as e:
         fail(e)
+    if teacher != "inductor":
+        from musacoder.bench.clients import make_client
+
+        try:
+            client = make_client(teacher)
+        except (ValueError, OSError) as e:  # an unknown spec, a missing replay file or checkpoint
+            fail(f"--teacher: {e}")
+        cfg = TeacherConfig(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                            turns=turns, prompt=prompt)
     with Progress(console=err, transient=True) as bar:
         job = bar.add_task("teacher", total=len(found))
-        summary = solve_tasks(found, out, VerifyConfig(backend=backend),
-                              lambda stage, i, n: bar.update(job, description=stage, completed=i, total=n))
+
+        def update(stage, i, n):
+            bar.update(job, description=stage, completed=i, total=n)
+
+        vcfg = VerifyConfig(backend=backend)
+        summary = solve_tasks(found, out, vcfg, update) if teacher == "inductor" else \
+            teach_tasks(found, out, vcfg, client, teacher, cfg, update)
     err.print(f"{summary['tried']} tried"
               + (f", {summary['skipped_existing']} already done" if summary["skipped_existing"] else "")
               + f"; teacher: {summary['teacher']}; verdicts: {summary['verdicts']}")
     err.print(f"  -> {out / SOLUTIONS}, passing ones in {out / SFT}")
+    if summary.get("unfinished") and summary["fatal"]:
+        fail(f"{summary['fatal']}; {summary['unfinished']} samples unfinished, the rest are kept in {out}: rerun the "
+             "same command once the server is up", 1)
+    if summary.get("unfinished"):
+        err.print(f"[yellow]{summary['unfinished']} samples unfinished[/yellow] (first: "
+                  f"{escape(summary['first_error'] or '')}); "
+                  "run the same command again to retry them")
+        raise typer.Exit(1)
+
+
+@synth_app.command("repair")
+def repair(solutions: Path = typer.Option(..., help="solutions.jsonl of `synth solve`, or its directory"),
+           out: Path = typer.Option(..., help="directory: repair.jsonl, reviewer.jsonl, mutants.jsonl (every "
+                                              "mutant with its verdict or why it was dropped)"),
+           tasks: TasksOpt = None,
+           per_solution: int = typer.Option(3, min=1, help="mutants per solution, each by another operator"),
+           seed: int = typer.Option(0, help="picks the operators and where they inject the bug"),
+           backend: str = typer.Option("cpu", help="cpu, cuda or triton: the solutions of this backend, verified "
+                                                   "on it"),
+           operators: str | None = typer.Option(None, help="comma-separated mutation operators (default: all)")):
+    """Stage 3a: inject realistic bugs into verified solutions, verify each mutant with MooreEval, and write the
+    failing ones as repair (with the verifier's real feedback) and reviewer records. --tasks: the tasks `synth
+    solve` ran on (default: the shipped ones). Resumable."""
+    from rich.progress import Progress
+
+    from musacoder.config import VerifyConfig
+    from musacoder.synth.mutate import OPERATORS
+    from musacoder.synth.repair import (
+        MUTANTS,
+        REPAIR,
+        REVIEWER,
+        STILL_PASSES,
+        SolutionsError,
+        load_solutions,
+        repair_records,
+    )
+    from musacoder.tasks import TaskLoadError
+    from musacoder.tasks.select import select_tasks
+
+    if backend not in ("cpu", "cuda", "triton"):
+        fail(f"--backend must be cpu, cuda or triton, not {backend!r}")
+    ops = [o.strip() for o in operators.split(",") if o.strip()] if operators else None
+    unknown = [o for o in ops or [] if o not in OPERATORS]
+    if unknown:
+        fail(f"unknown operator(s) {', '.join(unknown)}; known: {', '.join(OPERATORS)}")
+    if out.exists() and not out.is_dir():
+        fail(f"{out} is a file; give a directory")
+    try:
+        loaded = load_solutions(solutions, select_tasks(tasks), backend)
+    except (SolutionsError, TaskLoadError, OSError) as e:
+        fail(e)
+    for reason, count in loaded.skipped.items():
+        err.print(f"  skipped {count}: {reason}")
+    for p in loaded.problems[:10]:
+        err.print(f"  unusable: {p}")
+    if len(loaded.problems) > 10:
+        err.print(f"  ... and {len(loaded.problems) - 10} more unusable lines")
+    if not loaded.solutions:
+        fail(f"no usable solution in {solutions} (status ok, backend {backend}, a known task)")
+    with Progress(console=err, transient=True) as bar:
+        job = bar.add_task("verifying mutants", total=None)
+        summary = repair_records(loaded.solutions, out, VerifyConfig(backend=backend, timing_enabled=False),
+                                 per_solution, seed, lambda stage, i, n: bar.update(job, completed=i, total=n), ops)
+    still = summary["dropped"].get(STILL_PASSES, 0)
+    other = sum(summary["dropped"].values()) - still
+    err.print(f"{summary['tried']} mutants tried on {summary['solutions']} solutions: {summary['kept']} failing "
+              f"(kept), {still} still passing (dropped)" + (f", {other} not judged (dropped)" if other else "")
+              + (f", {summary['skipped_existing']} already done" if summary["skipped_existing"] else "")
+              + (f", {summary['duplicates']} duplicates" if summary["duplicates"] else ""))
+    if summary["operators"]:
+        err.print("  per operator (tried/kept/dropped): " + ", ".join(
+            f"{op} {c.get('tried', 0)}/{c.get('kept', 0)}/{c.get('dropped', 0)}"
+            for op, c in summary["operators"].items()))
+    if summary["verdicts"]:
+        err.print(f"  verdicts: {summary['verdicts']}")
+    err.print(f"  -> {out / REPAIR}, {out / REVIEWER}; every mutant in {out / MUTANTS}")
+
+
+@synth_app.command("decontam")
+def decontam(input_: Path = typer.Option(..., "--input", help="JSONL of task records (code) or SFT records (messages)"),
+             against: list[str] = typer.Option(..., help="eval tasks: a KernelBench tree, .jsonl/.parquet, .py, "
+                                                       "FILE#N, or 'builtin' (the shipped tasks); repeatable"),
+             out: Path = typer.Option(..., help="JSONL of kept records; decontam_report.json, decontam_summary.txt "
+                                                "beside it"),
+             threshold: float = typer.Option(0.8, min=0.01, max=1.0, help="MinHash: shingle Jaccard of a near copy"),
+             detectors: str = typer.Option("ast,opgraph,minhash", help="comma-separated detectors to apply")):
+    """Remove records whose task is an eval task: the same program (ast), the same op graph at other sizes
+    (opgraph), or a near copy of the text (minhash). Each removal is reported with its reason and eval task."""
+    import json
+    import os
+
+    from musacoder.synth.decontam import DecontamSettings, run, summary
+    from musacoder.tasks.loaders import _read_jsonl
+    from musacoder.tasks.select import select_tasks
+
+    # tracing runs the eval tasks' code: KernelBench level 4 would download Hugging Face models (and retry offline)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if not input_.is_file():
+        fail(f"--input {input_} is not a file")
+    if out.resolve() == input_.resolve():
+        fail("--out must differ from --input (the input is kept as it is)")
+    try:
+        settings = DecontamSettings(threshold=threshold,
+                                    detectors=tuple(d.strip() for d in detectors.split(",") if d.strip()))
+        records = _read_jsonl(input_)
+        if bad := [i for i, r in enumerate(records) if not isinstance(r, dict)]:
+            fail(f"{input_}: record {bad[0]} is not a JSON object")
+        eval_tasks = [t for src in against for t in select_tasks(
+            None if src == "builtin" and not Path(src).exists() else src)]
+    except (ValueError, OSError) as e:  # TaskLoadError is a ValueError
+        fail(e)
+    err.print(f"indexing {len(eval_tasks)} eval tasks, checking {len(records)} records ...")
+    res = run(records, eval_tasks, settings)
+    report = {"input": str(input_), "against": against, **res.report(settings)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in res.kept))
+    (out.parent / "decontam_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    text = summary(report)
+    (out.parent / "decontam_summary.txt").write_text(text + "\n")
+    err.print(text)
+    err.print(f"  -> {out}; report {out.parent / 'decontam_report.json'}")
+
+
+@synth_app.command("variants")
+def variants(out: Path = typer.Option(..., help="JSONL of kept variants (KernelBench records); OUT.dropped.jsonl "
+                                                "beside it"),
+             tasks: TasksOpt = None, levels: LevelsOpt = None, ids: IdsOpt = None, names: NamesOpt = None,
+             kinds: str = typer.Option("shape,dtype,fuse", help="comma-separated: shape, dtype, fuse"),
+             per_task: int = typer.Option(1, min=1, help="variants of each kind per task, at most"),
+             seed: int = typer.Option(0, help="draws are reproducible per seed"),
+             check_scale: float = typer.Option(1.0, min=0.01, max=1.0,
+                                               help="run the cleaning checks at these sizes (cheaper)"),
+             limit: int | None = typer.Option(None, min=1, help="the first N tasks only")):
+    """Shape, dtype (fp16/bf16) and fused variants of the selected tasks, each checked like `synth tasks` output and
+    kept with its parent and what was drawn. Appends and resumes."""
+    from rich.progress import Progress
+
+    from musacoder.synth.variants import VariantError, dropped_path, synth_variants
+    from musacoder.tasks import TaskLoadError
+    from musacoder.tasks.select import select_tasks
+
+    if out.exists() and out.is_dir():
+        fail(f"{out} is a directory; give a .jsonl file")
+    try:
+        found = select_tasks(tasks, levels, ids, names)[:limit]
+        with Progress(console=err, transient=True) as bar:
+            job = bar.add_task("drawing and checking", total=None)
+            summary = synth_variants(found, out, tuple(k.strip() for k in kinds.split(",") if k.strip()), per_task,
+                                     seed, check_scale, lambda i, n: bar.update(job, completed=i, total=n))
+    except (TaskLoadError, VariantError, OSError) as e:
+        fail(e)
+    err.print(f"{summary['kept']} kept ({', '.join(f'{k} {v}' for k, v in summary['kept_per_kind'].items()) or '-'}), "
+              f"{summary['dropped']} dropped"
+              + (f", {summary['skipped_existing']} already done" if summary["skipped_existing"] else "")
+              + f"  ->  {out}, dropped ones in {dropped_path(out)}")
+    for reason, count in summary["reasons"].items():
+        err.print(f"  dropped {count}: {reason}")

@@ -49,7 +49,7 @@ _EMPTY = {"empty_strided_cpu": "cpu", "empty_strided_cuda": "cuda", "empty_strid
 _TRITON_KINDS = {"pointwise", "reduction", "persistent_reduction"}
 _TRITON_GRIDS = {"Grid1D", "Grid2D", "Grid3D", "Grid2DWithYZOverflow"}
 _MAX_Y_GRID = 65535
-_INDUCTOR_NAME = re.compile(r"\btriton_(poi|red|per|tem)_")
+_INDUCTOR_NAME = re.compile(r"triton_(poi|red|per|tem)_")  # also inside _launch_triton_poi_..., no \\b
 
 
 @dataclass

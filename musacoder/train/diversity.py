@@ -11,6 +11,7 @@ import io
 import keyword
 import re
 import tokenize
+from collections.abc import Collection
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -65,22 +66,23 @@ def _string_body(s: str) -> str:
     return " " + s[len(q):-len(q)] + " "
 
 
-def normalise(code: str) -> list[str]:
-    """The token sequence two implementations are compared by."""
+def normalise(code: str, keep: Collection[str] = ()) -> list[str]:
+    """The token sequence two implementations are compared by; `keep`: more names kept as written (task code keeps
+    its operators' names, which say what the task computes)."""
     text = _CPP_COMMENT_RE.sub(" ", _strip_python_comments(code))
     out = []
     for tok in _TOKEN_RE.findall(text):
         if tok[0].isdigit():
             out.append("NUM")
         elif tok[0].isalpha() or tok[0] == "_":
-            out.append(tok if tok in _KEEP or tok.startswith("__") else "ID")
+            out.append(tok if tok in _KEEP or tok in keep or tok.startswith("__") else "ID")
         else:
             out.append(tok)
     return out
 
 
-def shingles(code: str, k: int = 5) -> set[str]:
-    toks = normalise(code)
+def shingles(code: str, k: int = 5, keep: Collection[str] = ()) -> set[str]:
+    toks = normalise(code, keep)
     if len(toks) < k:
         return {" ".join(toks)}
     return {" ".join(toks[i:i + k]) for i in range(len(toks) - k + 1)}
