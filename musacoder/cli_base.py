@@ -1,5 +1,6 @@
 """What every musacoder command line shares: one `error: ...` format with exit 2 for unusable input (typer's own
-usage errors included), exit 130 on Ctrl-C, and the choice types validated by click before anything starts."""
+usage errors and unusable backends included), exit 130 on Ctrl-C, and the choice types validated by click before
+anything starts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperOption
 
+from musacoder.backends import BackendError
+
 try:  # typer >= 0.2x vendors its own click: its exceptions are not click's
     from typer._click import exceptions as _cx
 except ImportError:  # pragma: no cover - older typer on the real click
@@ -19,7 +22,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
 err = Console(stderr=True, soft_wrap=True)
 
 # Choice types: typer validates a Literal before the command runs (the issue: `--backend foo` hung the pool).
-Backend = Literal["auto", "cpu", "cuda", "triton"]
+Backend = Literal["auto", "cpu", "cuda", "triton", "musa", "musa-on-cuda"]
 Profile = Literal["strict", "kernelbench"]
 Precision = Literal["fp32", "fp16", "bf16"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
@@ -59,6 +62,9 @@ class App(typer.Typer):
             ctx = getattr(e, "ctx", None)
             if ctx is not None:
                 err.print(f"[dim](see: {escape(ctx.command_path)} --help)[/dim]")
+            sys.exit(2)
+        except BackendError as e:  # e.g. --backend musa without torch_musa: raised where the backend is resolved
+            err.print(f"[red]error:[/red] {escape(str(e))}")
             sys.exit(2)
         except (typer.Abort, KeyboardInterrupt):
             err.print("interrupted")

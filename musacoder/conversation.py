@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from string import Template
 
+from musacoder.musa.translate import C2M, translate
 from musacoder.tasks.model import Task
 
 SYSTEM = "You are an expert in writing high-performance $device kernels for PyTorch models."
@@ -187,6 +188,17 @@ class ModelNew(nn.Module):
         add_kernel[(triton.cdiv(n, 1024),)](a, b, out, n, BLOCK=1024)
         return out'''
 
+# The CUDA example in MUSA dialect, by the project's translator (only its local variable is renamed to match)
+_MUSA_EXAMPLE = translate(_CUDA_EXAMPLE, C2M).text.replace("cuda_source", "musa_source")
+_MUSA = Style("MUSA (Moore Threads GPU)", "MUSA",
+              "Write the kernels as MUSA C++ source strings and build them at module level with "
+              "`torch_musa.utils.musa_extension.load_inline(name=..., cpp_sources=..., musa_sources=..., "
+              "functions=[...])`. MUSA C++ is CUDA C++ with MUSA names (musa_runtime.h, musaStream_t, "
+              "at::musa::getCurrentMUSAStream(), x.is_privateuseone(), `__mt_bfloat16` for bf16). Take the warp "
+              "size from `warpSize` (128 lanes on MTT S4000), never from a literal, and give every shuffle an explicit "
+              "width of at most 32. No inline PTX (`asm`), no `double` in device code (MUSA GPUs have no fp64), "
+              "static `__shared__` arrays of at most 28 KB.", _MUSA_EXAMPLE)
+
 STYLES = {
     "cuda": Style("CUDA", "CUDA", "Write the kernels as CUDA C++ source strings and build them at module level with "
                   "`torch.utils.cpp_extension.load_inline(name=..., cpp_sources=..., cuda_sources=..., "
@@ -196,6 +208,8 @@ STYLES = {
     "cpu": Style("CPU", "C++", "Write the kernels as C++ source strings and build them at module level with "
                  "`torch.utils.cpp_extension.load_inline(name=..., cpp_sources=..., functions=[...])` (C++ only, no "
                  "cuda_sources). Loop over `data_ptr` yourself; OpenMP pragmas are fine.", _CPU_EXAMPLE),
+    "musa": _MUSA,
+    "musa-on-cuda": _MUSA,  # MUSA code, verified on an NVIDIA GPU after translation
 }
 
 

@@ -7,12 +7,14 @@ from musacoder.config import VerifyConfig
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+    from musacoder.backends import musa_loaded
+
+    skips = {"gpu": None if torch.cuda.is_available() else "needs a CUDA GPU (run on the device machine)",
+             "musa": None if musa_loaded() and torch.musa.is_available() else "needs a MUSA GPU with torch_musa"}
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, reason in skips.items():
+            if reason and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ outcomes and device facts into a verdict, stream results, count. Subclasses only
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import platform
 import queue
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from musacoder import __version__
+from musacoder.backends import get_backend
 from musacoder.candidates import ExtractionError, code_hash, extract_code
 from musacoder.config import VerifyConfig
 from musacoder.tasks.model import Task
@@ -68,9 +70,17 @@ class PoolBase(ABC):
         return fut
 
     def _failed(self, task, e: Exception) -> Verdict:
-        v = Verdict(status=Status.INFRA_ERROR, reason=f"verifier error while admitting: {type(e).__name__}: {e}"[:500],
-                    task=getattr(task, "key", str(task)[:80]), backend=self.backend)
+        v = self._verdict(getattr(task, "key", str(task)[:80]))
+        v.status, v.reason = Status.INFRA_ERROR, f"verifier error while admitting: {type(e).__name__}: {e}"[:500]
         return decide(v, self.cfg, StaticResult(), None, None)
+
+    def _verdict(self, task_key: str) -> Verdict:
+        return Verdict(status=None, reason="", task=task_key, backend=self.backend, emulated=self.backend_impl.emulated)
+
+    @functools.cached_property
+    def backend_impl(self):
+        """The backend object, for what runs in this process (candidate preparation, arch settings); no device."""
+        return get_backend(self.backend)
 
     def wait_ready(self, timeout: float = 600) -> dict:
         """Block until the first device worker is up; returns its hello (device name, versions)."""
@@ -127,15 +137,19 @@ class PoolBase(ABC):
     def _queue_depths(self) -> dict: ...
 
     def _admit(self, job: Job):
-        v = Verdict(status=None, reason="", task=job.task.key, backend=self.backend)
-        job.verdict = v
+        v = job.verdict = self._verdict(job.task.key)
         t = time.perf_counter()
         try:
             job.code = extract_code(job.raw)
         except ExtractionError as e:
             return self._finish(job, StaticResult(Status.FORMAT_ERROR, [str(e)]))
-        v.candidate_hash = code_hash(job.code)
+        v.candidate_hash = code_hash(job.code)  # of what the model wrote
+        # the backend's view of the candidate (musa-on-cuda: translated m2c), and its portability notes
+        prepared = self.backend_impl.prepare(job.code)
+        job.code, v.portability = prepared.code, prepared.notes
         job.static = check_source(job.code)
+        if job.static.ok and prepared.refusal:
+            job.static = StaticResult(Status.COMPILE_ERROR, [prepared.refusal])
         v.stage_seconds["static"] = round(time.perf_counter() - t, 4)
         if not job.static.ok:
             return self._finish(job, job.static)
@@ -163,7 +177,8 @@ class PoolBase(ABC):
     def _prebuild_key(self, code: str) -> str:
         self._device_ready.wait(timeout=600)  # the arch list of the device is part of what gets built
         h = hashlib.sha256()
-        for part in (code, self.backend, torch.__version__, self._arch_env.get("TORCH_CUDA_ARCH_LIST", ""), POLICY):
+        arch = self._arch_env.get(self.backend_impl.arch_env_var or "TORCH_CUDA_ARCH_LIST", "")
+        for part in (code, self.backend, torch.__version__, arch, POLICY):
             h.update(part.encode() + b"\0")
         return h.hexdigest()[:32]
 

@@ -11,19 +11,11 @@ import os
 import queue
 import threading
 
-import torch
-
 from musacoder.backends import resolve
 from musacoder.config import VerifyConfig
 from musacoder.pool.base import Job, PoolBase
 from musacoder.pool.slots import CompileSlot, DeviceSlot
 from musacoder.verifier.verdict import Status
-
-
-def _device_count(backend: str) -> int:
-    if backend == "cpu":
-        return 1
-    return max(1, torch.cuda.device_count())
 
 
 class LocalPool(PoolBase):
@@ -32,7 +24,7 @@ class LocalPool(PoolBase):
         super().__init__(config)
         self.cfg.backend = resolve(self.cfg.backend)
         self.backend = self.cfg.backend
-        self.n_devices = devices or _device_count(self.backend)
+        self.n_devices = devices or max(1, self.backend_impl.device_count())
         cores = os.cpu_count() or 2
         self.n_compile = compile_workers or max(1, cores - self.n_devices)
         self._compile_q: queue.Queue = queue.Queue()
@@ -95,8 +87,7 @@ class LocalPool(PoolBase):
         if i == 0:
             self._device_info = hello
             cap = hello.get("versions", {}).get("capability")
-            if cap and "TORCH_CUDA_ARCH_LIST" not in os.environ:
-                self._arch_env = {"TORCH_CUDA_ARCH_LIST": cap}
+            self._arch_env = self.backend_impl.arch_env([cap] if cap else [])
             self._device_ready.set()
         while (job := self._device_q.get()) is not None:
             self._stamp(job, hello)

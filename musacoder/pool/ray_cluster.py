@@ -13,7 +13,6 @@ Devices: `num_gpus=1` per executor for cuda/triton. For the cpu backend, nodes a
 from __future__ import annotations
 
 import collections
-import os
 import queue
 import threading
 import time
@@ -127,8 +126,7 @@ class RayPool(PoolBase):
             self._add("device", a, h)
         self._device_info = hellos[0]
         caps = sorted({h.get("versions", {}).get("capability") for h in hellos} - {None})
-        if caps and "TORCH_CUDA_ARCH_LIST" not in os.environ:
-            self._arch_env = {"TORCH_CUDA_ARCH_LIST": ";".join(caps)}
+        self._arch_env = self.backend_impl.arch_env(caps)
         self._device_ready.set()
         for _ in range(self.n_compile):
             self._launch("compile")

@@ -51,14 +51,18 @@ class CompileSlot:
 
 
 def device_env(backend: str, cfg: VerifyConfig, index: int | None) -> dict:
-    """Pin the worker to one device; `index` None means the scheduler (Ray) already set CUDA_VISIBLE_DEVICES."""
+    """Pin the worker to one device through the backend's visible-devices variable (CUDA_VISIBLE_DEVICES,
+    MUSA_VISIBLE_DEVICES); `index` None means the scheduler (Ray) already set it."""
+    from musacoder.backends import get_backend
+
     if backend == "cpu":
         # the judge's own OpenMP threads must not spin on the cores its subjects are timed on
         return {"MUSACODER_WORKER_MEM_GB": str(cfg.worker_mem_gb), "OMP_WAIT_POLICY": "PASSIVE"}
     if index is None:
         return {}
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return {"CUDA_VISIBLE_DEVICES": visible[index] if index < len(visible) else str(index)}
+    var = get_backend(backend).visible_devices_var
+    visible = [d for d in os.environ.get(var, "").split(",") if d.strip()]
+    return {var: visible[index] if index < len(visible) else str(index)}
 
 
 class DeviceSlot:

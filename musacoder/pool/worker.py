@@ -53,7 +53,10 @@ def main(argv=None):
                 result = judge.prebuild(PrebuildJob.model_validate(job))
             else:
                 facts = _profiled(judge.evaluate)(EvaluateJob.model_validate(job))
-                facts.recycle = _holds_memory(backend)
+                reason = _holds_memory(backend)
+                if reason:  # the log says why a worker was replaced (each replacement costs a start, ~10 s on a GPU)
+                    print(f"recycling after job: {reason}", file=sys.stderr, flush=True)
+                facts.recycle = bool(reason)
                 result = facts.model_dump()
         except Exception as e:  # a harness bug, not the candidate's doing (its failures are facts)
             import traceback
@@ -98,17 +101,19 @@ def adopt_orphans_and_follow_parent():
 GIB = 2**30
 
 
-def gpu_holds_memory(allocated: int, own: int | None, reserved: int, free: int, total: int) -> bool:
+def gpu_holds_memory(allocated: int, own: int | None, reserved: int, free: int, total: int) -> str:
     """Recycle a device worker after a job if it still holds GPU memory: over 2 GiB allocated through torch, or
     over 4 GiB of its own that torch does not account for (raw cudaMalloc; the CUDA context is well under that).
     `own` is the process's usage as NVML reports it; without it (NVML missing, or PIDs of another namespace) all
     we can see is free memory, so under a quarter free counts, as if the GPU were the verifier's alone. With it,
     memory held by other processes (an RL trainer sharing the GPU) never recycles the worker."""
+    seen = f"allocated {allocated / GIB:.1f} GiB, reserved {reserved / GIB:.1f}, own {'unknown' if own is None else f'{own / GIB:.1f}'}, " \
+        f"free {free / GIB:.1f} of {total / GIB:.1f}"
     if allocated > 2 * GIB:
-        return True
+        return seen
     if own is None:
-        return free < total / 4
-    return own - reserved > 4 * GIB
+        return seen if free < total / 4 else ""
+    return seen if own - reserved > 4 * GIB else ""
 
 
 def _own_gpu_bytes() -> int | None:
@@ -130,22 +135,19 @@ def _own_gpu_bytes() -> int | None:
         return None
 
 
-def _holds_memory(backend) -> bool:
-    """After a job: GPU memory still held by the judge (`gpu_holds_memory`), or host RSS over half the worker cap."""
+def _holds_memory(backend) -> str:
+    """After a job: why the judge must be replaced ("" if not): GPU memory still held (`gpu_holds_memory`), or host
+    RSS over half the worker cap."""
     import gc
 
     gc.collect()
     if backend.device_type != "cpu":
-        import torch
-
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info()
-        return gpu_holds_memory(torch.cuda.memory_allocated(), _own_gpu_bytes(), torch.cuda.memory_reserved(),
-                                free, total)
+        allocated, reserved, free, total = backend.memory_state()
+        return gpu_holds_memory(allocated, _own_gpu_bytes(), reserved, free, total)
     cap = float(os.environ.get("MUSACODER_WORKER_MEM_GB", "0")) * GIB
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    return cap > 0 and rss > cap / 2
+    return f"host RSS {rss / GIB:.1f} GiB over half the cap {cap / GIB:.1f}" if cap > 0 and rss > cap / 2 else ""
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 cpu: a file in a shared-memory directory mapped by both (`torch.from_file(shared=True)`); the candidate's sandbox may
 write only its own directory. cuda: a CUDA IPC handle of memory the judge allocated (torch's own storage sharing).
-Only references cross as JSON; the judge owns every buffer and frees it when the job ends.
+Any other device (musa) uses the cpu way: torch's storage sharing (torch.multiprocessing.reductions) handles CUDA
+storage only, and torch_musa's own IPC has not been tried, so the buffers are host files and the subject stages them
+through its device (subject.py). Only references cross as JSON; the judge owns every buffer and frees it when the
+job ends.
 """
 
 from __future__ import annotations
@@ -48,10 +51,15 @@ def sweep(pid: int) -> None:
             remove_dir(d)
 
 
+def device_ipc(device_type: str) -> bool:
+    """Whether buffers for this device cross processes as device memory (CUDA IPC); else as host shared memory."""
+    return device_type == "cuda"
+
+
 def alloc(shape, dtype: torch.dtype, device: torch.device, directory: Path) -> tuple[torch.Tensor, TensorRef]:
     """A new zeroed contiguous tensor the judge owns, and the reference a subject opens it with."""
     shape = [int(s) for s in shape]
-    if device.type == "cpu":
+    if not device_ipc(device.type):
         path = directory / secrets.token_hex(8)
         n = 1
         for s in shape:

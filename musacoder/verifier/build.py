@@ -1,17 +1,21 @@
 """Compile stage. Builds run in the judge's trusted processes, never where candidate code runs.
 
 A candidate's `load_inline`/`load` call (in its sandboxed subject process) becomes a `BuildRequest` holding the
-build arguments, sources as text. The trusted `Builder` compiles them into a content-addressed cache (key: every
-build argument but the name, plus torch version and arch list), never imports the result, inspects the library's
-imported symbols (`symbols.py`), and answers with the library's path. The subject then imports it read-only. So the
-cache holds only what the builder made from those exact arguments: a candidate can neither write it nor change what a
-later candidate with the same sources loads.
+build arguments, sources as text, and which extension API it called (torch's `cpp_extension`, or torch_musa's
+`musa_extension` on the musa backend). The trusted `Builder` has the backend turn them into arguments of the
+backend's own loader (musa: CUDA sources translated to MUSA), compiles them with that loader into a content-addressed
+cache (key: every build argument but the name, plus torch version and arch list), never imports the result, inspects
+the library's imported symbols (`symbols.py`), and answers with the library's path. The subject then imports it
+read-only. So the cache holds only what the builder made from those exact arguments: a candidate can neither write it
+nor change what a later candidate with the same sources loads.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
+import importlib
 import importlib.machinery
 import importlib.util
 import inspect
@@ -19,19 +23,40 @@ import json
 import os
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.utils.cpp_extension as cpp_extension
 
 from musacoder.verifier.protocol import BuildReply
 
-_REAL_LOAD_INLINE = cpp_extension.load_inline
-_REAL_LOAD = cpp_extension.load
-_INLINE_SIG = inspect.signature(_REAL_LOAD_INLINE)
-_LOAD_SIG = inspect.signature(_REAL_LOAD)
+# Extension APIs by name (Backend.extension_apis): modules whose load_inline/load a candidate may call.
+EXTENSION_APIS = {"torch": "torch.utils.cpp_extension", "musa": "torch_musa.utils.musa_extension"}
 _KEY_EXCLUDE = {"name", "build_directory", "verbose", "keep_intermediates"}
+
+
+@dataclass(frozen=True)
+class ExtensionApi:
+    """One loader module and its real load_inline/load, captured on first use: in a subject that is before the
+    RemoteLoader replaces them; the judge never replaces them."""
+
+    name: str
+    module: types.ModuleType
+    load_inline: Callable
+    load: Callable
+
+    def signature(self, kind: str) -> inspect.Signature:
+        return inspect.signature(self.load if kind == "files" else self.load_inline)
+
+
+@functools.cache
+def extension_api(name: str) -> ExtensionApi:
+    module = importlib.import_module(EXTENSION_APIS[name])
+    return ExtensionApi(name, module, module.load_inline, module.load)
+
+
+extension_api("torch")  # captured at import, before any subject can replace it
 
 
 class BuildError(RuntimeError):
@@ -50,10 +75,12 @@ class LaunchCounter:
         self.launches, self.seconds, self.names = 0, 0.0, set()
 
 
-def build_key(arguments: dict) -> str:
+def build_key(arguments: dict, arch_env_var: str = "TORCH_CUDA_ARCH_LIST") -> str:
     payload = {k: v for k, v in sorted(arguments.items()) if k not in _KEY_EXCLUDE}
     payload["torch"] = torch.__version__
-    payload["arch"] = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    payload["arch"] = os.environ.get(arch_env_var, "")
+    if getattr(torch.version, "musa", None):  # a MUSA build depends on the MUSA toolkit as well
+        payload["musa"] = torch.version.musa
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -70,10 +97,11 @@ class Builder:
     def build(self, arguments: dict) -> BuildReply:
         t0 = time.perf_counter()
         kind = arguments.pop("_kind", "inline")
+        arguments = self.backend.build_arguments(arguments.pop("_api", "torch"), arguments)
         problem = self.backend.check_build(arguments)
         if problem:
             return BuildReply(error=problem)
-        key = build_key({**arguments, "_kind": kind})
+        key = build_key({**arguments, "_kind": kind}, self.backend.arch_env_var or "TORCH_CUDA_ARCH_LIST")
         build_dir = self.root / key
         so = build_dir / f"mc_{key}.so"
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +116,8 @@ class Builder:
                 # our flock already makes us the only builder of this key.
                 (build_dir / "lock").unlink(missing_ok=True)
                 try:
-                    _compile(kind, arguments, f"mc_{key}", build_dir)
+                    _compile(extension_api(self.backend.extension_apis[-1]), kind, arguments, f"mc_{key}",
+                             build_dir)
                 except Exception as e:  # the compiler's own text is the useful part
                     msg = str(e)
                     if "Error building extension" in msg:  # the compiler's verdict, not an interrupted build
@@ -100,10 +129,11 @@ class Builder:
                           problems=sym.get("problems", []), kernels=sym.get("kernels", []))
 
 
-def _compile(kind: str, arguments: dict, name: str, build_dir: Path) -> None:
-    """Build without loading: torch's JIT path with its final import step replaced for this call."""
-    real_import = cpp_extension._import_module_from_library
-    cpp_extension._import_module_from_library = lambda *a, **k: None
+def _compile(api: ExtensionApi, kind: str, arguments: dict, name: str, build_dir: Path) -> None:
+    """Build without loading: the loader's JIT path with its final import step replaced for this call (musa_extension
+    binds its own name for torch's import step, so it is replaced in the loader's module)."""
+    real_import = api.module._import_module_from_library
+    api.module._import_module_from_library = lambda *a, **k: None
     try:
         args = dict(arguments, name=name, build_directory=str(build_dir), verbose=False)
         if kind == "files":  # `load`: the subject sent file contents; write them where the build can see them
@@ -115,11 +145,11 @@ def _compile(kind: str, arguments: dict, name: str, build_dir: Path) -> None:
                 p = src_dir / Path(fname).name
                 p.write_text(text)
                 args["sources"].append(str(p))
-            _REAL_LOAD(**args)
+            api.load(**args)
         else:
-            _REAL_LOAD_INLINE(**args)
+            api.load_inline(**args)
     finally:
-        cpp_extension._import_module_from_library = real_import
+        api.module._import_module_from_library = real_import
 
 
 def _symbols(so: Path, record: Path, backend: str) -> dict:
@@ -181,27 +211,28 @@ def _counted(fn, name, counter: LaunchCounter):
 class RemoteLoader:
     """load_inline / load for the subject: ask the judge to build, then import the library it names."""
 
-    def __init__(self, request_build, counter: LaunchCounter):
+    def __init__(self, request_build, counter: LaunchCounter, apis: tuple[str, ...] = ("torch",)):
         self.request_build = request_build  # BuildRequest arguments -> BuildReply
         self.counter = counter
+        self.apis = [extension_api(a) for a in apis]  # the real loaders' signatures, taken before install()
         self.records: list[dict] = []
         self.kernels: list[str] = []
         self.problems: list[str] = []
 
-    def load_inline(self, *args, **kwargs):
-        arguments = dict(_INLINE_SIG.bind(*args, **kwargs).arguments)
-        return self._load(arguments, "inline")
+    def load_inline(self, *args, _api: str = "torch", **kwargs):
+        arguments = dict(extension_api(_api).signature("inline").bind(*args, **kwargs).arguments)
+        return self._load(arguments, "inline", _api)
 
-    def load(self, *args, **kwargs):
-        arguments = dict(_LOAD_SIG.bind(*args, **kwargs).arguments)
+    def load(self, *args, _api: str = "torch", **kwargs):
+        arguments = dict(extension_api(_api).signature("files").bind(*args, **kwargs).arguments)
         sources = arguments.pop("sources")
         sources = [sources] if isinstance(sources, str) else list(sources)
         arguments["files"] = [(os.path.basename(s), Path(s).read_text()) for s in sources]
-        return self._load(arguments, "files")
+        return self._load(arguments, "files", _api)
 
-    def _load(self, arguments: dict, kind: str):
+    def _load(self, arguments: dict, kind: str, api: str):
         arguments = {k: _jsonable(v) for k, v in arguments.items() if k not in ("build_directory", "verbose")}
-        reply = self.request_build({**arguments, "_kind": kind})
+        reply = self.request_build({**arguments, "_kind": kind, "_api": api})
         self.records.append({"key": reply.key, "seconds": reply.seconds, "cached": reply.cached,
                              "error": reply.error or None})
         self.kernels += reply.kernels
@@ -215,9 +246,10 @@ class RemoteLoader:
         return _CountedModule(_import_extension(so.stem, so), self.counter)
 
     def install(self):
-        """Replace load_inline / load for every later `from torch.utils.cpp_extension import ...`."""
-        cpp_extension.load_inline = self.load_inline
-        cpp_extension.load = self.load
+        """Replace load_inline / load of every API for every later `from <loader module> import ...`."""
+        for api in self.apis:
+            api.module.load_inline = functools.partial(self.load_inline, _api=api.name)
+            api.module.load = functools.partial(self.load, _api=api.name)
 
 
 def _jsonable(v):

@@ -40,6 +40,13 @@ def feedback_text(v: Verdict) -> str:
         if v.compile_ms is not None:
             t += f", torch.compile {v.compile_ms:.4g} ms (speedup {v.speedup_compile:.3g}x)"
         parts.append(t)
+    if v.portability:
+        parts.append("MUSA portability (checked before compiling; these build, but break or slow down on Moore "
+                     "Threads GPUs unless the line says they cannot build):\n"
+                     + "\n".join(f"- {n}" for n in v.portability))
+    if v.emulated:
+        parts.append("Emulated: your MUSA code was translated to CUDA and verified on an NVIDIA GPU; 128-lane warps, "
+                     "MUSA shared-memory limits and MUSA timing were not exercised.")
     if v.status is Status.OK:
         parts.append("The kernel is correct. Optimise it further while keeping it correct.")
     elif v.status in (Status.INCORRECT, Status.RUNTIME_ERROR, Status.COMPILE_ERROR):

@@ -45,10 +45,10 @@ from musacoder.verifier.zygote import ForkedWorker, Zygote
 class Subject:
     """The judge's handle on one subject process."""
 
-    def __init__(self, backend: str, cache_dir: Path, role: str, device: bool, threads: int | None,
+    def __init__(self, backend, cache_dir: Path, role: str, device: bool, threads: int | None,
                  zygote: Zygote | None = None):
-        cpu = backend == "cpu"
-        self.private = buffers.new_dir(role, shared_memory=cpu)
+        ipc = buffers.device_ipc(backend.device_type)
+        self.private = buffers.new_dir(role, shared_memory=not ipc)
         env = {"TMPDIR": str(self.private), "TRITON_CACHE_DIR": str(self.private / "triton"),
                "TORCHINDUCTOR_CACHE_DIR": str(self.private / "inductor"), "OMP_WAIT_POLICY": "PASSIVE"}
         if threads:
@@ -56,18 +56,19 @@ class Subject:
             env.update(MUSACODER_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
                        MUSACODER_CPUS=",".join(map(str, cpus)))
         if not device:
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        argv = ["musacoder.verifier.subject", "--backend", backend, "--private", str(self.private)]
+            env[backend.visible_devices_var] = ""
+        argv = ["musacoder.verifier.subject", "--backend", backend.name, "--private", str(self.private)]
         # CUDA IPC needs write access to the reference counters torch keeps in /dev/shm, and the driver writes under
-        # the process's own /proc entry when it initialises; cpu buffers are files in the subject's own directory,
-        # so there /dev/shm stays closed
-        cuda_paths = ["--writable", "/dev/shm", "--writable", "/proc/self"]
-        argv += (["--sandbox"] + ([] if cpu else cuda_paths)) if role == "cand" else []
+        # the process's own /proc entry when it initialises (assumed of the MUSA driver too: untried); host buffers
+        # are files in the subject's own directory, so without IPC /dev/shm stays closed
+        paths = (["--writable", "/dev/shm"] if ipc else []) + \
+            (["--writable", "/proc/self"] if backend.device_type != "cpu" else [])
+        argv += ["--sandbox", *paths] if role == "cand" else []
         argv += [] if device else ["--no-device"]
         # the log is gone with the subject's directory: no file per candidate
         kw = dict(env=env, max_jobs=10**9, argv=argv, log_path=self.private / "log")
-        self.proc = (ForkedWorker(zygote, f"subject-{role}", backend, cache_dir, **kw) if zygote
-                     else WorkerProcess(f"subject-{role}", backend, cache_dir, **kw))
+        self.proc = (ForkedWorker(zygote, f"subject-{role}", backend.name, cache_dir, **kw) if zygote
+                     else WorkerProcess(f"subject-{role}", backend.name, cache_dir, **kw))
         self.error = ""
         self.proc.launch()  # from the judge's own thread: a subject dies with the thread that started it
         self._thread = threading.Thread(target=self._hello, daemon=True)
@@ -104,7 +105,7 @@ class Judge:
         self.device = backend.device() if use_device else torch.device("cpu")
         self.threads = len(os.sched_getaffinity(0)) if backend.device_type == "cpu" else None
         # the judge's own buffers (reference outputs): no subject writes here
-        self.dir = buffers.new_dir("judge", shared_memory=backend.device_type == "cpu")
+        self.dir = buffers.new_dir("judge", shared_memory=not buffers.device_ipc(backend.device_type))
         self.ref: Subject | None = None
         # Warm candidate subjects. One warms up in ~1.5-3 s on cpu, ~10 s on an H200 host (Python, torch, the device
         # context), longer than a cached verification, so a device judge keeps several starting where cores allow.
@@ -122,7 +123,7 @@ class Judge:
         self._floor: float | None = None
 
     def _new_candidate(self) -> Subject:
-        return Subject(self.backend.name, self.cache_dir, "cand", self.use_device, self.threads, self.zygote)
+        return Subject(self.backend, self.cache_dir, "cand", self.use_device, self.threads, self.zygote)
 
     def _take_candidate(self) -> Subject:
         cand = self.spares.popleft()
@@ -140,7 +141,7 @@ class Judge:
         if self.ref is None or not self.ref.proc.alive:
             if self.ref is not None:
                 self.ref.close()
-            self.ref = Subject(self.backend.name, self.cache_dir, "ref", True, self.threads).ready()
+            self.ref = Subject(self.backend, self.cache_dir, "ref", True, self.threads).ready()
             self._floor = None
         return self.ref
 
@@ -522,7 +523,7 @@ class _Run:
         if self.cand is not None:
             # A consumer killed while it maps the judge's CUDA IPC buffers never lets go of them: the judge's memory
             # stays allocated and the worker is recycled (~10 s). Ask first; a candidate that ignores it costs that.
-            if self.j.device.type == "cuda" and self.cand.proc.alive:
+            if buffers.device_ipc(self.j.device.type) and self.cand.proc.alive:
                 try:
                     self.cand.call(SubjectCommand(op="release"), 5)
                 except Exception:  # anything the candidate sends back or does here only costs a recycle
@@ -536,7 +537,7 @@ class _Run:
                 ref.close()
                 self.j.ref = None
         self.keep.clear()
-        if self.j.device.type == "cuda":  # torch's IPC sharing is CUDA's only
+        if buffers.device_ipc(self.j.device.type):
             torch.cuda.ipc_collect()  # blocks whose consumers let go return to the allocator now
         for p in self.j.dir.iterdir():
             p.unlink(missing_ok=True)

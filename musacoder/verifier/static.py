@@ -28,6 +28,7 @@ BANNED_PATHS = (
     "torch.utils._python_dispatch", "torch._C._", "torch.autograd.profiler", "torch.profiler", "torch.overrides",
     "torch.utils.cpp_extension._", "sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
     "sys.monitoring", "sys.modules",
+    "torch_musa.utils.musa_extension._", "torch_musa._MUSAC",  # the MUSA twins of cpp_extension's and torch._C's
 )
 # Names that read the dispatch-mode stack or the profiler state, wherever they are reached from.
 BANNED_NAME_PREFIXES = ("_get_current_dispatch_mode", "_get_dispatch_mode", "_push_on_torch_dispatch_stack",

@@ -3,8 +3,10 @@
 The candidate subject is fresh for each candidate and sandboxed: it holds no reference output, no comparison, no
 clock that decides speed and no cache; whatever it does dies with it. It maps the judge's input buffers, runs
 forward (always under the op tracer, so no call is unwatched), copies the output into the judge's buffers and
-synchronises the device before replying. The reference subject runs the same code on the task's `Model` and never
-sees candidate code. Messages are `protocol` models as JSON.
+synchronises the device before replying. Where the judge's buffers are host shared memory on a device backend
+(musa: torch's IPC is CUDA's only, see buffers.py), inputs are staged onto the device before forward and copied back
+after it (so in-place changes still reach the judge), outputs are copied to the host. The reference subject runs the
+same code on the task's `Model` and never sees candidate code. Messages are `protocol` models as JSON.
 """
 
 from __future__ import annotations
@@ -60,17 +62,17 @@ class Subject:
         self.private = private
         self.backend = get_backend(backend_name)
         self.counter = LaunchCounter()
-        self.loader = RemoteLoader(self._request_build, self.counter)
+        self.loader = RemoteLoader(self._request_build, self.counter, self.backend.extension_apis)
         self.loader.install()
         self.backend.install_launch_hook(self.counter)
-        torch.backends.cuda.matmul.allow_tf32 = False  # TF32 off for reference and candidate alike
-        torch.backends.cudnn.allow_tf32 = False
+        self.backend.disable_tf32()
         self.device = self.backend.device() if use_device else None
         if use_device and self.device.type != "cpu":
             torch.empty(1, device=self.device)  # create the context now, while we wait for a job
         self.task = self.cand = None
         self.models: dict = {}
         self.opened: dict = {}
+        self.staged: dict = {}  # buffer key -> its device copy (host buffers on a device backend)
         self.legality = legality
         # The first traced call imports and warms up torch's Python dispatch machinery (about a second on a small
         # CPU): do it while this process waits as a spare, not inside the candidate's first correctness trial.
@@ -122,6 +124,12 @@ class Subject:
         from musacoder.verifier.protocol import SubjectReply
 
         self.opened.clear()
+        self.staged.clear()
+        if self.device is not None and self.device.type != "cpu":
+            import gc
+
+            gc.collect()  # a cycle holding an opened tensor keeps its mapping
+            self.backend.memory_state()  # and the reference's own cache goes back: the next job may need all of it
         return SubjectReply()
 
     def op_load(self, cmd):
@@ -132,6 +140,7 @@ class Subject:
         self.task = load_module(cmd.task_code, "task", self.private) if cmd.task_code else None
         self.models.clear()
         self.opened.clear()
+        self.staged.clear()
         if not cmd.candidate_code:
             self.cls = self.task.Model
             return SubjectReply()
@@ -164,20 +173,38 @@ class Subject:
         self.models[cmd.shape_key] = torch.compile(m) if cmd.compiled else m
         return SubjectReply()
 
-    def _args(self, cmd) -> list:
+    def _open(self, ref):
         from musacoder.verifier.buffers import open_ref
+
+        key = ref.path or repr(ref.ipc)
+        if key not in self.opened:
+            self.opened[key] = open_ref(ref)
+        return key, self.opened[key]
+
+    def _args(self, cmd) -> list:
+        """The inputs as forward gets them: the judge's buffers, or their device copies, refreshed from the buffers
+        (the judge refills them between runs)."""
         from musacoder.verifier.protocol import TensorRef
 
         args = []
         for a in cmd.inputs:
             if isinstance(a, dict) and "kind" in a:
-                key = a.get("path") or repr(a.get("ipc"))
-                if key not in self.opened:
-                    self.opened[key] = open_ref(TensorRef.model_validate(a))
-                args.append(self.opened[key])
+                key, t = self._open(TensorRef.model_validate(a))
+                if self.device is not None and t.device.type != self.device.type:
+                    if key not in self.staged:
+                        self.staged[key] = self.torch.empty_like(t, device=self.device)
+                    t = self.staged[key].copy_(t)
+                args.append(t)
             else:
                 args.append(a)
         return args
+
+    def _unstage(self, cmd) -> None:
+        """Device copies of this command's inputs back into the judge's buffers: in-place changes stay visible."""
+        for a in cmd.inputs:
+            key = a.get("path") if isinstance(a, dict) else None
+            if key in self.staged:
+                self.opened[key].copy_(self.staged[key])
 
     def op_ping(self, cmd):
         from musacoder.verifier.protocol import SubjectReply
@@ -202,7 +229,6 @@ class Subject:
         return SubjectReply(profile=prof)
 
     def op_run(self, cmd):
-        from musacoder.verifier.buffers import open_ref
         from musacoder.verifier.protocol import OutputSpec, SubjectReply
 
         torch = self.torch
@@ -219,11 +245,9 @@ class Subject:
             for x, ref in zip(leaves, cmd.outputs):
                 if ref is not None and type(x) is torch.Tensor and list(x.shape) == ref.shape \
                         and str(x.dtype) == ref.dtype:
-                    key = ref.path or repr(ref.ipc)
-                    if key not in self.opened:
-                        self.opened[key] = open_ref(ref)
                     # stream-ordered copy before the device-wide sync: work left on another stream is not in it
-                    self.opened[key].copy_(x)
+                    self._open(ref)[1].copy_(x)
+        self._unstage(cmd)
         self.backend.synchronize()
         integrity = self.legality.integrity_changes(self.snapshot, self.legality.snapshot())
         return SubjectReply(spec=spec, ops=dict(trace.ops), launches=self.counter.launches + trace.own_ops(),

@@ -51,6 +51,8 @@ class Verdict:
     device: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     details: dict = field(default_factory=dict)
+    emulated: bool = False  # another platform's code verified here after translation (musa-on-cuda)
+    portability: list[str] = field(default_factory=list)  # MUSA portability findings, checked before compiling
 
     @property
     def passed(self) -> bool:
