@@ -72,7 +72,7 @@ def test_bad_choice_is_error_exit_2(args, capsys, tmp_path):
 
 def test_bench_bad_choice_and_missing_option(capsys, tmp_path):
     assert call(bench_app, "run", "--tasks", BUILTIN_DIR, "--model", "replay:x", "--out", tmp_path,
-                "--backend", "musa") == 2
+                "--backend", "rocm") == 2
     assert call(bench_app, "run", "--tasks", BUILTIN_DIR) == 2
     e = capsys.readouterr().err
     assert "error: Invalid value for '--backend'" in e and "error: Missing option" in e

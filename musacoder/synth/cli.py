@@ -102,6 +102,8 @@ def solve(out: Path = typer.Option(..., help="directory: solutions.jsonl (every 
           backend: str = typer.Option("cpu", help="inductor: cpu (its C++) or triton (its Triton, a GPU); a model "
                                                   "teacher: also cuda (the prompt style and the verifier)"),
           limit: int | None = typer.Option(None, min=1, help="the first N tasks only"),
+          workers: int | None = typer.Option(None, min=1, help="inductor: processes running the compiler teacher "
+                                                              "(default: half the cores)"),
           samples: int = typer.Option(8, min=1, help="samples per task (model teachers)"),
           temperature: float = typer.Option(0.7, min=0.0),
           top_p: float = typer.Option(1.0, min=0.0, max=1.0),
@@ -153,7 +155,7 @@ def solve(out: Path = typer.Option(..., help="directory: solutions.jsonl (every 
             bar.update(job, description=stage, completed=i, total=n)
 
         vcfg = VerifyConfig(backend=backend)
-        summary = solve_tasks(found, out, vcfg, update) if teacher == "inductor" else \
+        summary = solve_tasks(found, out, vcfg, update, workers) if teacher == "inductor" else \
             teach_tasks(found, out, vcfg, client, teacher, cfg, update)
     err.print(f"{summary['tried']} tried"
               + (f", {summary['skipped_existing']} already done" if summary["skipped_existing"] else "")

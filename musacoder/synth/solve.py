@@ -15,8 +15,12 @@ in solutions.jsonl; the passing ones also as SFT records in sft.jsonl.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import queue
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,48 +39,84 @@ NO_PROMPT = "no_prompt"  # the stage-2 prompt could not be built (the reference 
 
 
 def solve_tasks(tasks: list[Task], out_dir: Path, cfg: VerifyConfig,
-                progress: Callable[[str, int, int], None] | None = None) -> dict:
+                progress: Callable[[str, int, int], None] | None = None, workers: int | None = None) -> dict:
+    """The compiler teacher over `tasks`, pipelined: Inductor runs in `workers` processes (default: half the cores;
+    one: in this process) and each candidate is verified as soon as it is made, so the teacher's CPU time and the
+    verifier's device time overlap. Every record is written when its verdict arrives (resume loses nothing)."""
     from musacoder.pool.local import LocalPool
-    from musacoder.synth.inductor import compile_candidate
 
     out_dir.mkdir(parents=True, exist_ok=True)
     done = {k for teacher, k in recorded(out_dir / SOLUTIONS, lambda r: (r["teacher"], r["task"]))
             if teacher == "inductor"}  # an LLM teacher's samples of the task in the same file do not count
     todo = [t for t in tasks if t.key not in done]
-    teacher = Counter()
-    with open(out_dir / SOLUTIONS, "a") as sol, open(out_dir / SFT, "a") as sft:
-        pending = []
-        for i, t in enumerate(todo):
-            r = compile_candidate(t.code, cfg.backend)
+    workers = workers or max(1, (os.cpu_count() or 2) // 2)
+    teacher, verdicts = Counter(), Counter()
+    verdict_q: queue.Queue = queue.Queue()  # (task, TeacherResult, Verdict) from the pool's threads
+    with open(out_dir / SOLUTIONS, "a") as sol, open(out_dir / SFT, "a") as sft, LocalPool(cfg) as pool:
+
+        def record(t, r, v):
+            verdicts[v.status.value] += 1
+            _write_solution(sol, sft, t, r, v, cfg.backend)
+            if progress:
+                progress("verify", sum(verdicts.values()), teacher["ok"])
+
+        # Inductor stays on this thread (it is not thread-safe to drive from another); verdicts are written
+        # between teacher results, as they arrive.
+        for taught, (t, r) in enumerate(_inductor(todo, cfg.backend, workers), 1):
             teacher[r.category] += 1
             if r.ok:
-                pending.append((t, r))
+                try:
+                    pool.submit(t, r.candidate).add_done_callback(
+                        lambda f, t=t, r=r: verdict_q.put((t, r, f.result())))
+                except Exception as e:  # a verdict nobody produces would leave the wait below hanging
+                    verdict_q.put((t, r, pool._failed(t, e)))
             else:
                 sol.write(json.dumps({"task": t.key, "teacher": "inductor", "backend": cfg.backend,
                                       "status": "no_solution", "reason": r.reason}) + "\n")
             if progress:
-                progress("teacher", i + 1, len(todo))
-        verdicts = Counter()
-        with LocalPool(cfg) as pool:
-            for n, (i, v) in enumerate(pool.verify_many((t, r.candidate) for t, r in pending), 1):
-                t, r = pending[i]
-                verdicts[v.status.value] += 1
-                sol.write(json.dumps({"task": t.key, "teacher": "inductor", "backend": cfg.backend,
-                                      "status": v.status.value, "reason": v.reason, "kernels": r.kernels,
-                                      "code": r.candidate, "verdict": v.to_dict()}) + "\n")
-                if v.passed:
-                    answer = f"```python\n{r.candidate.strip()}\n```"
-                    rec = {"messages": task_messages(t, cfg.backend) + [{"role": "assistant", "content": answer}],
-                           "kind": "generation", "task": t.key,
-                           "metadata": {"teacher": "inductor", "status": v.status.value,
-                                        "speedup_eager": v.speedup_eager}}
-                    sft.write(json.dumps(rec) + "\n")
-                sol.flush()
-                sft.flush()
-                if progress:
-                    progress("verify", n, len(pending))
+                progress("teacher", taught, len(todo))
+            while not verdict_q.empty():
+                record(*verdict_q.get())
+            sol.flush()
+            sft.flush()
+        while sum(verdicts.values()) < teacher["ok"]:
+            record(*verdict_q.get())
+            sol.flush()
+            sft.flush()
     return {"tried": len(todo), "skipped_existing": len(tasks) - len(todo), "teacher": dict(teacher.most_common()),
             "verdicts": dict(verdicts.most_common())}
+
+
+def _inductor(tasks: list[Task], backend: str, workers: int):
+    """(task, TeacherResult) as each is made: in this process, or in `workers` fresh processes (spawned: Inductor and
+    the device context are not fork-safe). A crashed teacher process costs its tasks a recorded reason."""
+    from musacoder.synth.inductor import TeacherResult, compile_candidate
+
+    if workers <= 1 or len(tasks) <= 1:
+        for t in tasks:
+            yield t, compile_candidate(t.code, backend)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=ctx, max_tasks_per_child=64) as ex:
+        futs = {ex.submit(compile_candidate, t.code, backend): t for t in tasks}
+        for f in as_completed(futs):
+            try:
+                r = f.result()
+            except Exception as e:  # the process died (a crash inside the compiler): no candidate, said why
+                r = TeacherResult(None, f"teacher failed: its process died ({type(e).__name__})", backend)
+            yield futs[f], r
+
+
+def _write_solution(sol, sft, t: Task, r, v: Verdict, backend: str) -> None:
+    sol.write(json.dumps({"task": t.key, "teacher": "inductor", "backend": backend, "status": v.status.value,
+                          "reason": v.reason, "kernels": r.kernels, "code": r.candidate,
+                          "verdict": v.to_dict()}) + "\n")
+    if v.passed:
+        answer = f"```python\n{r.candidate.strip()}\n```"
+        sft.write(json.dumps({"messages": task_messages(t, backend) + [{"role": "assistant", "content": answer}],
+                              "kind": "generation", "task": t.key,
+                              "metadata": {"teacher": "inductor", "status": v.status.value,
+                                           "speedup_eager": v.speedup_eager}}) + "\n")
 
 
 @dataclass
