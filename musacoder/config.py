@@ -63,6 +63,10 @@ class VerifyConfig(Settings):
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0
     worker_max_jobs: int = 64  # recycle a device worker after this many jobs
+    # The GPUs the device workers run on, one worker per entry, as indices among the visible devices: [1] keeps the
+    # verifier off an RL policy on GPU 0; [0, 0] runs two judges on one GPU (a judge keeps its GPU ~11% busy).
+    # Empty: one worker on each visible device.
+    devices: tuple[int, ...] = ()
     # Address-space cap of cpu-backend workers, in GiB (0: none). CUDA workers are not capped this way: the driver
     # reserves far more virtual memory than it uses.
     worker_mem_gb: float = 16.0
@@ -77,6 +81,8 @@ class VerifyConfig(Settings):
         if self.precision not in ("fp32", "fp16", "bf16"):
             raise ValueError(f"precision must be fp32, fp16 or bf16, not {self.precision!r}")
         self.cache_dir = Path(self.cache_dir)
+        if any(d < 0 for d in self.devices):
+            raise ValueError(f"devices are indices of visible devices (0, 1, ...), not {list(self.devices)}")
         if self.profile == "kernelbench":
             self.correctness.distribution_variants = False
             self.correctness.shape_variants = False

@@ -130,7 +130,8 @@ def test_kernelbench_size_relu_sees_each_trials_inputs_and_keeps_its_judge(cache
     relu = builtin_task("level1/19_ReLU")
     big = replace(relu, code=relu.code.replace("batch_size = 16", "batch_size = 4096").replace(
         "dim = 16384", "dim = 393216"))
-    cfg = VerifyConfig(backend="cuda", cache_dir=cache_dir, profile="kernelbench", timing_enabled=False)
+    # one judge (on a host of several GPUs the pool would start one per GPU and the two jobs could go to either)
+    cfg = VerifyConfig(backend="cuda", cache_dir=cache_dir, profile="kernelbench", timing_enabled=False, devices=(0,))
     with LocalPool(cfg) as pool:
         a, b = (pool.submit(big, CU % 0).result() for _ in range(2))
     assert a.status.value == b.status.value == "ok", (a.reason, b.reason)

@@ -168,6 +168,43 @@ def test_device_worker_recycles_on_its_own_gpu_memory_only():
     assert not gpu_holds_memory(allocated=0, own=None, reserved=0, free=70 * GIB, total=total)
 
 
+def test_recycle_reason_names_the_live_device_tensors():
+    """A judge recycled for memory says which device tensors outlived the job and what holds them (a meta tensor
+    stands in for a GPU one here)."""
+    from musacoder.pool.worker import _live_device_tensors
+
+    class Holder:
+        pass
+
+    h = Holder()
+    h.big = torch.empty(4096, 393216, device="meta")
+    said = _live_device_tensors()
+    assert "(4096, 393216) torch.float32 held by ['Holder']" in said
+    del h
+    assert "4096" not in _live_device_tensors()
+
+
+def test_device_workers_go_where_verify_devices_says(tmp_path):
+    """`verify.devices` places one device worker per entry (a GPU may take several); a device the host lacks is an
+    error before anything starts. The pool is not started here (its workers start with the first job)."""
+    from types import SimpleNamespace
+
+    from musacoder.pool.local import LocalPool
+    from musacoder.train.sft import one_gpu
+
+    with LocalPool(VerifyConfig(backend="cpu", devices=(0, 0), cache_dir=tmp_path)) as pool:
+        assert pool.n_devices == 2 and pool.stats()["devices"] == 2
+    with LocalPool(VerifyConfig(backend="cpu", cache_dir=tmp_path)) as pool:
+        assert pool.n_devices == 1
+    with pytest.raises(ValueError, match="does not have"):
+        LocalPool(VerifyConfig(backend="cpu", devices=(1,), cache_dir=tmp_path))
+    with pytest.raises(ValueError, match="indices"):
+        VerifyConfig(devices=(-1,))
+    # one process with two GPUs visible trains on the first (the verifier takes the other), not nn.DataParallel
+    args = SimpleNamespace(n_gpu=2, _n_gpu=2)
+    assert one_gpu(args, "")._n_gpu == 1
+
+
 def test_one_settings_loader_for_every_config(tmp_path):
     """Verification, SFT, RFT and RL settings load through one typed loader: nested settings from their type hints,
     lists to declared tuples, unknown keys refused with their path."""

@@ -24,7 +24,14 @@ class LocalPool(PoolBase):
         super().__init__(config)
         self.cfg.backend = resolve(self.cfg.backend)
         self.backend = self.cfg.backend
-        self.n_devices = devices or max(1, self.backend_impl.device_count())
+        # device worker i runs on visible device self._on[i]
+        self._on = list(self.cfg.devices) if self.cfg.devices and not devices else \
+            list(range(devices or max(1, self.backend_impl.device_count())))
+        self.n_devices = len(self._on)
+        seen = self.backend_impl.device_count()
+        if self.cfg.devices and seen and max(self.cfg.devices) >= seen:
+            raise ValueError(f"verify.devices {list(self.cfg.devices)} names a device this host does not have "
+                             f"({seen} visible)")
         cores = os.cpu_count() or 2
         self.n_compile = compile_workers or max(1, cores - self.n_devices)
         self._compile_q: queue.Queue = queue.Queue()
@@ -82,7 +89,7 @@ class LocalPool(PoolBase):
         slot.kill()
 
     def _device_loop(self, i: int):
-        slot = DeviceSlot(self.backend, self.cfg, self.cfg.cache_dir, i)
+        slot = DeviceSlot(self.backend, self.cfg, self.cfg.cache_dir, self._on[i])
         hello = slot.start()
         if i == 0:
             self._device_info = hello

@@ -107,7 +107,8 @@ def gpu_holds_memory(allocated: int, own: int | None, reserved: int, free: int, 
     `own` is the process's usage as NVML reports it; without it (NVML missing, or PIDs of another namespace) all
     we can see is free memory, so under a quarter free counts, as if the GPU were the verifier's alone. With it,
     memory held by other processes (an RL trainer sharing the GPU) never recycles the worker."""
-    seen = f"allocated {allocated / GIB:.1f} GiB, reserved {reserved / GIB:.1f}, own {'unknown' if own is None else f'{own / GIB:.1f}'}, " \
+    mine = "unknown" if own is None else f"{own / GIB:.1f}"
+    seen = f"allocated {allocated / GIB:.1f} GiB, reserved {reserved / GIB:.1f}, own {mine}, " \
         f"free {free / GIB:.1f} of {total / GIB:.1f}"
     if allocated > 2 * GIB:
         return seen
@@ -135,6 +136,24 @@ def _own_gpu_bytes() -> int | None:
         return None
 
 
+def _live_device_tensors(shown: int = 3) -> str:
+    """For the log: the largest device tensors still alive in the judge after a job, and what refers to them (a
+    tensor the judge forgot to drop; memory that torch's CUDA IPC keeps for a consumer shows no tensor here)."""
+    import gc
+
+    import torch
+
+    live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type != "cpu"]
+    live.sort(key=lambda t: t.untyped_storage().nbytes(), reverse=True)
+    top = live[:shown]
+    del live
+    parts = []
+    for t in top:
+        holders = sorted({type(r).__name__ for r in gc.get_referrers(t) if r is not top})
+        parts.append(f"{tuple(t.shape)} {t.dtype} held by {holders}")
+    return "; live device tensors: " + (", ".join(parts) if parts else "none (CUDA IPC blocks a consumer holds)")
+
+
 def _holds_memory(backend) -> str:
     """After a job: why the judge must be replaced ("" if not): GPU memory still held (`gpu_holds_memory`), or host
     RSS over half the worker cap."""
@@ -143,7 +162,8 @@ def _holds_memory(backend) -> str:
     gc.collect()
     if backend.device_type != "cpu":
         allocated, reserved, free, total = backend.memory_state()
-        return gpu_holds_memory(allocated, _own_gpu_bytes(), reserved, free, total)
+        reason = gpu_holds_memory(allocated, _own_gpu_bytes(), reserved, free, total)
+        return reason + _live_device_tensors() if reason and allocated > 2 * GIB else reason
     cap = float(os.environ.get("MUSACODER_WORKER_MEM_GB", "0")) * GIB
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -208,6 +208,16 @@ def _save_loss(out: Path, history: list[dict], world_size: int = 1) -> None:
     plt.close(fig)
 
 
+def one_gpu(args, rest: str):
+    """One process (no `accelerate launch`) with several GPUs visible: train on cuda:0 alone, as Trainer does for a
+    model placed with `device_map`, instead of wrapping it in nn.DataParallel (TRL refuses that). `rest` says what
+    the other GPUs are for."""
+    if args.n_gpu > 1:
+        print(f"training on cuda:0 of {args.n_gpu} visible GPUs (one process); {rest}", flush=True)
+        args._n_gpu = 1
+    return args
+
+
 def build_trainer(cfg: SFTConfig):
     """The data (mixed, validated, tokenised, problems reported) and a ready `trl.SFTTrainer`, not yet trained."""
     import trl
@@ -236,7 +246,8 @@ def build_trainer(cfg: SFTConfig):
         dataloader_pin_memory=torch.cuda.is_available(),
         dataset_kwargs={"skip_prepare_dataset": True})
     check_passthrough(cfg.trainer, trl.SFTConfig, set(own))
-    args = trl.SFTConfig(**own, **cfg.trainer)
+    args = one_gpu(trl.SFTConfig(**own, **cfg.trainer), "for data parallel over all of them: accelerate launch "
+                   "--config_file configs/accelerate/multi-gpu.yaml")
     rows, bad = tokenize_items(m, tok, cfg.max_length)
     problems = m.problems + bad
     if args.process_index == 0:

@@ -73,6 +73,19 @@ def alloc(shape, dtype: torch.dtype, device: torch.device, directory: Path) -> t
     return t, TensorRef(kind="cuda", shape=shape, dtype=str(dtype), ipc=[_enc(a) for a in args])
 
 
+def disown(ref: TensorRef, consumers: int = 2) -> None:
+    """cuda, once no subject maps the buffer any more (each has let go, or its process is dead): take back the counts
+    its consumers did not return. torch's CUDA IPC frees a shared block only when the count it set to 1 on sharing is
+    back to 0, and a consumer killed while mapping it never decrements: that kept a KernelBench-size output (6 GiB)
+    allocated in the judge after each job and the worker was recycled. A count below 0 is harmless (the next
+    sharing sets it to 1)."""
+    if ref.kind != "cuda":
+        return
+    handle, offset = _dec(ref.ipc[11]), _dec(ref.ipc[12])
+    for _ in range(consumers if handle else 0):  # an empty tensor has no block and no count
+        torch.UntypedStorage._release_ipc_counter_cuda(handle, offset)
+
+
 def open_ref(ref: TensorRef) -> torch.Tensor:
     dtype = DTYPE_NAMES[ref.dtype]
     n = 1

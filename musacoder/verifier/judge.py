@@ -209,7 +209,7 @@ class _Run:
         self.deadline = time.monotonic() + cfg.run_timeout_s
         self.cand: Subject | None = None
         self.builds: list[BuildReply] = []
-        self.keep: list = []  # judge-owned tensors shared with subjects: alive until the job ends
+        self.keep: list = []  # (tensor, reference) the judge shared with subjects: alive until the job ends
 
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
@@ -412,7 +412,7 @@ class _Run:
                 t.copy_(x)
                 shared.append(t)
                 refs.append(ref.model_dump())
-                self.keep.append(t)
+                self.keep.append((t, ref))
             else:
                 shared.append(x)
                 refs.append(x)
@@ -428,7 +428,7 @@ class _Run:
                 t, ref = buffers.alloc(leaf["shape"], DTYPE_NAMES[leaf["dtype"]], self.j.device, directory)
                 outs.append(t)
                 refs.append(ref)
-                self.keep.append(t)
+                self.keep.append((t, ref))
             else:
                 outs.append(None)
                 refs.append(None)
@@ -536,6 +536,11 @@ class _Run:
             except (WorkerDied, WorkerTimeout):
                 ref.close()
                 self.j.ref = None
+        if buffers.device_ipc(self.j.device.type):
+            # Both subjects have let go or are dead now: return the counts they did not (torch frees a shared block
+            # only once every consumer returned its count, and a dead one never does).
+            for _, ref in self.keep:
+                buffers.disown(ref)
         self.keep.clear()
         if buffers.device_ipc(self.j.device.type):
             torch.cuda.ipc_collect()  # blocks whose consumers let go return to the allocator now

@@ -32,6 +32,7 @@ from musacoder.train.rl.bdr import RetryBuffer, RetryItem
 from musacoder.train.rl.config import MirrorPopSettings, RLConfig
 from musacoder.train.rl.engines import HFEngine, Sampling, VLLMEngine
 from musacoder.train.rl.verifiers import Verifier, make_verifier
+from musacoder.train.sft import one_gpu
 
 METRICS = "metrics.jsonl"
 ROLLOUTS = "rollouts.jsonl"
@@ -287,6 +288,10 @@ def build_trainer(cfg: RLConfig):
         logging_steps=1, report_to="none", seed=cfg.seed, dataloader_pin_memory=torch.cuda.is_available())
     check_passthrough(cfg.trainer, trl.GRPOConfig, set(own))
     args = trl.GRPOConfig(**own, **cfg.trainer)
+    if args.n_gpu > 1:  # one process, several GPUs: the policy and TRL's reference model both on cuda:0
+        args = one_gpu(args, f"the verifier's device workers run on {cfg.verify.get('devices') or 'all of them'} "
+                             f"(verify.devices)")
+        args.model_init_kwargs = {**(args.model_init_kwargs or {}), "device_map": {"": 0}}  # TRL's default: "auto"
     trainer = _trainer_class()(model=model, reward_funcs=[rl_reward], args=args,
                                train_dataset=Dataset.from_list(rows), processing_class=tok,
                                rollout_func=rollouts, callbacks=[_callback(out, buffer)])
