@@ -176,12 +176,18 @@ def test_recycle_reason_names_the_live_device_tensors():
     class Holder:
         pass
 
+    import weakref
+
     h = Holder()
     h.big = torch.empty(4096, 393216, device="meta")
+    gone = Holder()
+    dead = weakref.proxy(gone)  # a dead proxy among gc's objects must not break the scan (CI run 23)
+    del gone
     said = _live_device_tensors()
     assert "(4096, 393216) torch.float32 held by ['Holder']" in said
     del h
     assert "4096" not in _live_device_tensors()
+    del dead
 
 
 def test_device_workers_go_where_verify_devices_says(tmp_path):

@@ -143,7 +143,8 @@ def _live_device_tensors(shown: int = 3) -> str:
 
     import torch
 
-    live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type != "cpu"]
+    # type(), not isinstance(): isinstance reads __class__, which raises on a dead weakproxy in gc's list
+    live = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and o.device.type != "cpu"]
     live.sort(key=lambda t: t.untyped_storage().nbytes(), reverse=True)
     top = live[:shown]
     del live
