@@ -136,3 +136,34 @@ def test_kernelbench_size_relu_sees_each_trials_inputs_and_keeps_its_judge(cache
         a, b = (pool.submit(big, CU % 0).result() for _ in range(2))
     assert a.status.value == b.status.value == "ok", (a.reason, b.reason)
     assert a.details["worker_pid"] == b.details["worker_pid"]
+
+
+def test_shared_buffers_are_freed_whatever_the_subjects_did(tmp_path):
+    """A buffer the judge shares by CUDA IPC is freed when the job ends, whether its consumers let go (the count
+    goes below 0) or were killed holding it (above 0): torch frees only at exactly 0 (measured on torch 2.11)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from musacoder.verifier import buffers
+
+    consumer = ("import sys, time, torch\nfrom musacoder.verifier.buffers import open_ref\n"
+                "from musacoder.verifier.protocol import TensorRef\n"
+                "t = open_ref(TensorRef.model_validate_json(sys.argv[1])); torch.cuda.synchronize()\n"
+                "if sys.argv[2] == 'release':\n    del t; torch.cuda.synchronize()\n"
+                "print('ready', flush=True); time.sleep(60)\n")
+    for modes, found in ((["release", "release"], -1), (["hold", "release"], 0), (["hold", "hold"], 1)):
+        before = torch.cuda.memory_allocated()
+        t, ref = buffers.alloc((1 << 26,), torch.float32, torch.device("cuda"), tmp_path)
+        procs = [subprocess.Popen([sys.executable, "-c", consumer, ref.model_dump_json(), m], stdout=subprocess.PIPE,
+                                  text=True) for m in modes]
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+            p.kill()
+            p.wait()
+        assert buffers.ipc_count(ref) == found, modes
+        assert buffers.disown(ref) == found and buffers.ipc_count(ref) == 0
+        del t
+        torch.cuda.ipc_collect()
+        assert torch.cuda.memory_allocated() == before, modes

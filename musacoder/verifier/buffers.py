@@ -73,17 +73,48 @@ def alloc(shape, dtype: torch.dtype, device: torch.device, directory: Path) -> t
     return t, TensorRef(kind="cuda", shape=shape, dtype=str(dtype), ipc=[_enc(a) for a in args])
 
 
-def disown(ref: TensorRef, consumers: int = 2) -> None:
-    """cuda, once no subject maps the buffer any more (each has let go, or its process is dead): take back the counts
-    its consumers did not return. torch's CUDA IPC frees a shared block only when the count it set to 1 on sharing is
-    back to 0, and a consumer killed while mapping it never decrements: that kept a KernelBench-size output (6 GiB)
-    allocated in the judge after each job and the worker was recycled. A count below 0 is harmless (the next
-    sharing sets it to 1)."""
-    if ref.kind != "cuda":
-        return
-    handle, offset = _dec(ref.ipc[11]), _dec(ref.ipc[12])
-    for _ in range(consumers if handle else 0):  # an empty tensor has no block and no count
-        torch.UntypedStorage._release_ipc_counter_cuda(handle, offset)
+# torch's CUDA IPC counter file (RefcountedMapAllocator): a 64-byte header, then CUDA_IPC_REF_COUNTER_FILE_SIZE
+# int64 counts. Checked against the file's size before any count is read or written.
+_HEADER, _COUNTS = 64, 10000
+
+
+def _count_at(ref: TensorRef) -> tuple[Path, int] | None:
+    if ref.kind != "cuda" or not ref.ipc[11]:  # an empty tensor has no block and no count
+        return None
+    path = shm_root() / _dec(ref.ipc[11]).decode().lstrip("/")
+    try:
+        if path.stat().st_size != _HEADER + 8 * _COUNTS:
+            return None
+    except OSError:
+        return None
+    return path, _HEADER + 8 * int(_dec(ref.ipc[12]))
+
+
+def ipc_count(ref: TensorRef) -> int | None:
+    """cuda: the consumer count torch keeps for this buffer (None: not cuda, or no counter file of torch's layout)."""
+    at = _count_at(ref)
+    if at is None:
+        return None
+    with open(at[0], "rb") as f:
+        f.seek(at[1])
+        return int.from_bytes(f.read(8), "little", signed=True)
+
+
+def disown(ref: TensorRef) -> int | None:
+    """cuda, once no subject maps the buffer any more (each has let go, or its process is dead): set its consumer count
+    to 0, so the block is freed when the judge drops it; returns the count found. torch frees a shared block only at
+    exactly 0 (measured on torch 2.11: the count is unsigned): a share gives one count, both subjects map the one
+    share and each returns a count on release (-1: kept forever), and a subject killed while mapping returns none
+    (1: kept). Either kept a KernelBench-size job's 18 GiB in the judge, which was then recycled after every job."""
+    at = _count_at(ref)
+    if at is None:
+        return None
+    with open(at[0], "r+b") as f:
+        f.seek(at[1])
+        found = int.from_bytes(f.read(8), "little", signed=True)
+        f.seek(at[1])
+        f.write((0).to_bytes(8, "little", signed=True))
+    return found
 
 
 def open_ref(ref: TensorRef) -> torch.Tensor:

@@ -537,8 +537,8 @@ class _Run:
                 ref.close()
                 self.j.ref = None
         if buffers.device_ipc(self.j.device.type):
-            # Both subjects have let go or are dead now: return the counts they did not (torch frees a shared block
-            # only once every consumer returned its count, and a dead one never does).
+            # Both subjects have let go or are dead now: their counts go to 0 (buffers.disown says why), so the
+            # buffers are freed below instead of held until the worker is recycled.
             for _, ref in self.keep:
                 buffers.disown(ref)
         self.keep.clear()
