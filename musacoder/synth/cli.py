@@ -319,3 +319,146 @@ def variants(out: Path = typer.Option(..., help="JSONL of kept variants (KernelB
               + f"  ->  {out}, dropped ones in {dropped_path(out)}")
     for reason, count in summary["reasons"].items():
         err.print(f"  dropped {count}: {reason}")
+
+
+def _passing(solutions: list[Path], out: Path, tasks, backend: str):
+    """The passing solutions of `backend` in the given files and in --out's own solutions.jsonl, with what was
+    skipped or unusable printed; `fail` on bad input."""
+    from musacoder.synth.repair import SolutionsError
+    from musacoder.synth.rewrite import load_passing, with_output
+    from musacoder.tasks import TaskLoadError
+    from musacoder.tasks.select import select_tasks
+
+    if backend not in ("cpu", "cuda", "triton"):
+        fail(f"--backend must be cpu, cuda or triton, not {backend!r}")
+    if out.exists() and not out.is_dir():
+        fail(f"{out} is a file; give a directory")
+    try:
+        loaded = load_passing(with_output(solutions, out), select_tasks(tasks), backend)
+    except (SolutionsError, TaskLoadError, OSError) as e:
+        fail(e)
+    for reason, count in loaded.skipped.items():
+        err.print(f"  skipped {count}: {reason}")
+    for p in loaded.problems[:10]:
+        err.print(f"  unusable: {p}")
+    if len(loaded.problems) > 10:
+        err.print(f"  ... and {len(loaded.problems) - 10} more unusable lines")
+    if not loaded.solutions:
+        fail(f"no usable solution in {', '.join(map(str, solutions))} (status ok with a verdict, backend {backend}, "
+             "a known task)")
+    return loaded.solutions
+
+
+@synth_app.command("rewrite")
+def rewrite(solutions: list[Path] = typer.Option(..., help="solutions.jsonl of `synth solve` (any teacher), or its "
+                                                           "directory; repeatable"),
+            out: Path = typer.Option(..., help="directory: rewrite.jsonl, rewrite_pairs.jsonl (every pair judged), "
+                                               "solutions.jsonl (the slow teacher's solutions, read again on reruns)"),
+            tasks: TasksOpt = None,
+            backend: str = typer.Option("cpu", help="cpu, cuda or triton: the solutions of this backend; the slow "
+                                                    "teacher verifies on it (cpu and triton only)"),
+            slow_teacher: bool = typer.Option(True, "--slow-teacher/--no-slow-teacher",
+                                              help="a second, slower Inductor solution of each task the compiler "
+                                                   "teacher solved, so that each can give a pair"),
+            min_speedup: float = typer.Option(1.1, min=1.0, help="a pair's speedup is at least this"),
+            sigmas: float = typer.Option(3.0, min=0.0, help="and over 1 + SIGMAS x the combined timing noise (the "
+                                                            "verdicts' relative standard errors)")):
+    """Stage 3b: slower -> faster pairs of verified solutions of the same task, with MooreEval's measured speedup,
+    as rewrite records; pairs within the timing noise are dropped and counted. --tasks: the tasks `synth solve` ran
+    on (default: the shipped ones). Resumable."""
+    from rich.markup import escape
+    from rich.progress import Progress
+
+    from musacoder.config import VerifyConfig
+    from musacoder.synth.rewrite import PAIRS, REWRITE, NoiseRule, rewrite_records
+
+    found = _passing(solutions, out, tasks, backend)
+    with Progress(console=err, transient=True) as bar:
+        job = bar.add_task("slow teacher", total=None)
+        summary = rewrite_records(found, out, VerifyConfig(backend=backend), NoiseRule(min_speedup, sigmas),
+                                  slow_teacher, lambda stage, i, n: bar.update(job, description=stage, completed=i,
+                                                                               total=n))
+    dropped = summary["dropped"]
+    err.print(f"{summary['kept']} pairs kept, {sum(dropped.values())} dropped"
+              + (f", {summary['skipped_existing']} already judged" if summary["skipped_existing"] else "")
+              + f" (from {summary['solutions']} passing solutions)")
+    for reason, count in dropped.items():
+        err.print(f"  dropped {count}: {escape(reason)}")
+    for reason, count in summary["unpaired"].items():
+        err.print(f"  unpaired: {count} {reason}")
+    slow = summary["slow_teacher"]
+    if slow is not None:
+        err.print(f"  slow teacher: {slow['tried']} tried"
+                  + (f", {slow['skipped_existing']} already done" if slow["skipped_existing"] else "")
+                  + f"; teacher: {slow['teacher']}; verdicts: {slow['verdicts']}")
+    elif slow_teacher:
+        err.print(f"  slow teacher: not run (Inductor has no {backend} backend)")
+    err.print(f"  -> {out / REWRITE}; every pair in {out / PAIRS}")
+
+
+@synth_app.command("profile")
+def profile(solutions: list[Path] = typer.Option(..., help="solutions.jsonl (any teacher), or its directory; "
+                                                           "repeatable"),
+            out: Path = typer.Option(..., help="directory: profiling.jsonl, profiles.jsonl (every program with its "
+                                               "table or why it has none)"),
+            tasks: TasksOpt = None,
+            backend: str = typer.Option("cpu", help="cpu, cuda or triton: the solutions of this backend, run on it"),
+            rewrites: Path | None = typer.Option(None, help="rewrite_pairs.jsonl of `synth rewrite`, or its "
+                                                            "directory (default: --out's, when there)"),
+            iterations: int = typer.Option(10, min=1, help="profiled forwards per program"),
+            timeout: float = typer.Option(60.0, min=1.0, help="seconds the profiled forwards of one program may take"),
+            limit: int | None = typer.Option(None, min=1, help="the first N programs only")):
+    """Stage 3c: run each verified program under torch.profiler in a sandboxed process, name its bottleneck, and
+    write profiling records (with the faster rewrite where `synth rewrite` kept one). Resumable."""
+    from rich.progress import Progress
+
+    from musacoder.config import VerifyConfig
+    from musacoder.synth.profiling import PROFILES, PROFILING, load_rewrites, profiling_records
+    from musacoder.synth.rewrite import PAIRS
+
+    found = _passing(solutions, out, tasks, backend)[:limit]
+    if rewrites is not None and not (rewrites / PAIRS if rewrites.is_dir() else rewrites).is_file():
+        fail(f"--rewrites {rewrites}: no {PAIRS} there (run `musacoder synth rewrite` first)")
+    pairs = load_rewrites(rewrites or out)
+    with Progress(console=err, transient=True) as bar:
+        job = bar.add_task("profiling", total=len(found))
+        summary = profiling_records(found, out, VerifyConfig(backend=backend), pairs, iterations, timeout,
+                                    lambda stage, i, n: bar.update(job, completed=i, total=n))
+    failed = {k: v for k, v in summary["statuses"].items() if k != "ok"}
+    err.print(f"{summary['records']} profiling records ({summary['with_rewrite']} with a faster rewrite) of "
+              f"{summary['tried']} programs"
+              + (f", {sum(failed.values())} without a profile ({', '.join(f'{k} {v}' for k, v in failed.items())})"
+                 if failed else "")
+              + (f", {summary['skipped_existing']} already done" if summary["skipped_existing"] else ""))
+    if summary["categories"]:
+        err.print("  bottlenecks: " + ", ".join(f"{k} {v}" for k, v in summary["categories"].items()))
+    err.print(f"  Nsight Compute: {summary['nsight_compute']}")
+    err.print(f"  -> {out / PROFILING}; every program in {out / PROFILES}")
+
+
+@synth_app.command("card")
+def card(paths: list[Path] = typer.Argument(..., metavar="DIR...", help="directories of synth output (searched "
+                                                                         "recursively), or single files"),
+         out: Path = typer.Option(..., help="directory: card.md and its PNG plots"),
+         as_json: bool = typer.Option(False, "--json", help="also print the counts as JSON on stdout")):
+    """A data card of synth output: counts per stage, record kind, operator family, source and backend, verifier
+    pass rates, drop reasons, decontamination and provenance, all computed from the files. Lines that cannot be
+    read (one cut by an interrupted run) and files a stage writes that are missing are reported in the card."""
+    import json
+
+    from musacoder.synth.card import CardError, collect, counts, write_card
+
+    if out.exists() and not out.is_dir():
+        fail(f"{out} is a file; give a directory")
+    try:
+        scans = collect(paths)
+    except (CardError, OSError) as e:
+        fail(e)
+    c = counts(scans)
+    written = write_card(out, c, [str(p) for p in paths])
+    unread = sum(p["lines"] for f in c["files"] for p in f["not_read"].values())
+    err.print(f"{len(c['files'])} files read, {unread} lines not read, {len(c['missing'])} expected files missing; "
+              "stages: " + (", ".join(f"{k} {v['kept']}/{v['records']} kept" for k, v in c["stages"].items()) or "-"))
+    err.print(f"  -> {out / written[0]}" + (f", plots {', '.join(written[1:])}" if written[1:] else ""))
+    if as_json:
+        print(json.dumps(c, indent=1))

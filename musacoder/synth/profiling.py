@@ -1,0 +1,485 @@
+"""Stage 3c: `profiling` records, a verified program's profiler read-out with its bottleneck named and, where a rewrite
+pair exists for it (stage 3b, rewrite_pairs.jsonl), the faster program with its measured speedup.
+
+Each program runs under torch.profiler in a fresh sandboxed process (`python -m musacoder.synth.profiling`, started
+as the verifier starts its workers): candidate code never runs in the caller's process. Its native code is built by
+the caller through the verifier's trusted `Builder` into the verifier's cache, so a verified program's build is
+reused. The process loads the task and the program (weights seeded, the task's own inputs), runs `warmup` forwards,
+times `iterations` plain forwards, then profiles `iterations` more. On the cpu the program's extension functions
+are labelled (record_function), so the table has them as kernels beside the aten ops; on a GPU the kernels are the
+profiler's device events. A program that does not load, raises, crashes the process or passes `timeout_s` while
+profiled gets a recorded status and reason (profiles.jsonl), never an exception.
+
+The bottleneck, by a stated rule (`diagnose`), over times per forward:
+- host overhead: the kernels take under HOST_BOUND (half) of the wall time; the bottleneck named is the largest
+  host row (an aten op, or on the cpu the host time outside any profiled op);
+- one kernel: else, when the largest kernel has at least ONE_KERNEL (half) of the kernel time; it is named;
+- many launches: else (the kernel time is spread, none has half); the largest kernel is named.
+The advice that follows is by category; on the cpu it also reads the program's source (vector code, OpenMP threads).
+
+Nsight Compute metrics are not collected: the record's metadata says whether `ncu` is on PATH, and no metric is
+ever written that was not measured. Written to the output directory: profiling.jsonl (kind `profiling`) and
+profiles.jsonl (every program tried: the table, or the reason it has none). Resumable: a (task, program) already
+in profiles.jsonl is not profiled again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import TYPE_CHECKING
+
+from musacoder.config import VerifyConfig
+from musacoder.conversation import STYLES, task_messages
+from musacoder.tasks.model import Task
+
+# The rest of musacoder.synth imports torch: imported where used, so that the profiling process (this module run
+# with -m) is sandboxed before torch and anything it starts.
+if TYPE_CHECKING:
+    from musacoder.synth.rewrite import Solution
+
+PROFILING, PROFILES = "profiling.jsonl", "profiles.jsonl"
+HOST_BOUND = 0.5  # kernels under this share of the wall time: the host bounds the program
+ONE_KERNEL = 0.5  # the largest kernel with at least this share of the kernel time bounds it alone
+OTHER_HOST = "[host time outside profiled ops]"  # cpu: Python and glue between the ops the profiler records
+STARTUP_S = 300.0  # the profiling process starting (Python, torch, a GPU context): not the program's time
+TABLE_ROWS = 12
+
+PROMPT = Template("""\
+The program below replaces the PyTorch architecture that follows it with its own $lang kernels; MooreEval verified \
+it. After it is what torch.profiler measured over $n forwards on $device.
+
+Program:
+```python
+$code
+```
+
+Architecture:
+```python
+$task
+```
+
+Profiler read-out, per forward (wall time $wall ms under the profiler, $plain ms without it):
+$table
+
+What bounds this kernel, and how would you speed it up?""")
+
+# what the advice reads in a cpu program's source: vector code, and work spread over threads
+_VECTOR = re.compile(r"Vectorized<|#pragma\s+omp\s+(parallel\s+for\s+)?simd|\b_mm(256|512)?_|__m(256|512)")
+_THREADS = re.compile(r"#pragma\s+omp\s+parallel|at::parallel_for")
+
+
+# ---- the rule ---------------------------------------------------------------------------------------------------
+@dataclass
+class Diagnosis:
+    category: str  # "one kernel", "many launches" or "host overhead"
+    bottleneck: dict  # the row named
+    kernel_ms: float  # per forward
+    kernel_share: float  # of the wall time
+    top_kernel: dict | None  # the largest kernel row
+    top_kernel_share: float  # its share of the kernel time
+    launches: float  # kernel launches per forward
+
+
+def diagnose(rows: list[dict], wall_ms: float, iterations: int) -> Diagnosis:
+    """The rule of the module docstring. rows: {name, kind: kernel | host, calls, self_ms} summed over `iterations`
+    forwards; wall_ms: per forward."""
+    kernels = sorted((r for r in rows if r["kind"] == "kernel"), key=lambda r: -r["self_ms"])
+    hosts = sorted((r for r in rows if r["kind"] == "host"), key=lambda r: -r["self_ms"])
+    kernel_ms = sum(r["self_ms"] for r in kernels) / iterations
+    share = kernel_ms / wall_ms if wall_ms > 0 else 0.0
+    top = kernels[0] if kernels else None
+    top_share = top["self_ms"] / iterations / kernel_ms if top and kernel_ms > 0 else 0.0
+    launches = sum(r["calls"] for r in kernels) / iterations
+    if share < HOST_BOUND or top is None:
+        category, named = "host overhead", hosts[0] if hosts else top
+    else:
+        category, named = ("one kernel" if top_share >= ONE_KERNEL else "many launches"), top
+    return Diagnosis(category, named, kernel_ms, share, top, top_share, launches)
+
+
+def table_text(rows: list[dict], wall_ms: float, iterations: int) -> str:
+    lines = ["| op or kernel | kind | calls | self ms | share of wall |", "|---|---|---|---|---|"]
+    shown = sorted(rows, key=lambda r: -r["self_ms"])
+    for r in shown[:TABLE_ROWS]:
+        ms = r["self_ms"] / iterations
+        calls = "-" if r["calls"] is None else f"{r['calls'] / iterations:g}"
+        lines.append(f"| {r['name']} | {r['kind']} | {calls} | {ms:.4f} | {ms / wall_ms:.1%} |")
+    if len(shown) > TABLE_ROWS:
+        rest = sum(r["self_ms"] for r in shown[TABLE_ROWS:]) / iterations
+        lines.append(f"| ({len(shown) - TABLE_ROWS} more) | | | {rest:.4f} | {rest / wall_ms:.1%} |")
+    return "\n".join(lines)
+
+
+def _count(n: float, one: str, many: str) -> str:
+    return f"{n:g} {one if n == 1 else many}"
+
+
+def advice(d: Diagnosis, code: str, gpu: bool, iterations: int) -> str:
+    """How to speed it up, by category; on the cpu also from what the program's source shows it does already."""
+    name = d.bottleneck["name"]
+    if d.category == "host overhead":
+        return ("Cut the host work per forward: fewer allocations and tensor-level calls, fewer launches (fuse "
+                "them). At this size a faster kernel would hardly show.")
+    if d.category == "many launches":
+        return ("Fuse the kernels into fewer: intermediates then stay in registers or cache instead of going "
+                "through memory between launches, and each launch's fixed cost is paid once.")
+    if gpu:
+        text = (f"Make `{name}` itself faster: coalesced, vectorised loads, enough blocks to fill every SM, and one "
+                "pass over global memory.")
+    else:
+        todo = []
+        if not _VECTOR.search(code):
+            todo.append("its source has no vector code (at::vec, `#pragma omp simd`, intrinsics): vectorise the "
+                        "inner loop")
+        if not _THREADS.search(code):
+            todo.append("it runs on one thread (no `#pragma omp parallel`, no at::parallel_for): spread the outer "
+                        "loop over the cores")
+        text = f"Make `{name}` itself faster: " + ("; ".join(todo) + "." if todo else
+                                                   "it is vectorised and multi-threaded already, so what is left is "
+                                                   "memory traffic: read and write each element once, in one pass.")
+    calls = d.top_kernel["calls"] / iterations
+    if calls > 1:
+        text += f" It runs {calls:g} times per forward: where those launches repeat work, do it once."
+    return text
+
+
+def answer_text(d: Diagnosis, code: str, wall_ms: float, iterations: int, gpu: bool, verdict: dict | None,
+                rewrite: dict | None) -> str:
+    """The assistant's answer: the bottleneck, the reasoning from the numbers, the advice, the faster program."""
+    name = d.bottleneck["name"]
+    share = d.bottleneck["self_ms"] / iterations / wall_ms
+    out = [f"Bottleneck: `{name}` ({d.category}: {share:.0%} of the wall time per forward)."]
+    why = [f"Per forward the program takes {wall_ms:.4g} ms; {d.kernel_ms:.4g} ms of it ({d.kernel_share:.0%}) is "
+           f"in kernels ({_count(d.launches, 'kernel launch', 'kernel launches')})."]
+    if d.top_kernel:
+        k = d.top_kernel
+        why.append(f"The largest kernel, `{k['name']}`, has {d.top_kernel_share:.0%} of the kernel time: "
+                   f"{_count(k['calls'] / iterations, 'call', 'calls')} per forward, "
+                   f"{k['self_ms'] / k['calls']:.4g} ms each.")
+    if d.category == "host overhead":
+        why.append(f"The kernels are under {HOST_BOUND:.0%} of the wall time, so the host bounds it; its largest "
+                   f"item is `{name}`.")
+    elif d.category == "one kernel":
+        why.append(f"The kernels are most of the wall time and this one has at least {ONE_KERNEL:.0%} of theirs, "
+                   "so it bounds the program.")
+    else:
+        why.append(f"The kernels are most of the wall time, spread so that none has {ONE_KERNEL:.0%} of it.")
+    if verdict and verdict.get("sol_ms"):
+        why.append(f"MooreEval's speed-of-light estimate for the task is {verdict['sol_ms']:.4g} ms.")
+    out += [" ".join(why), advice(d, code, gpu, iterations)]
+    if rewrite:
+        out.append(f"A faster program for this task, verified by MooreEval and measured {rewrite['speedup']:.2f}x "
+                   f"faster ({rewrite['slow_ms']:.4g} ms -> {rewrite['fast_ms']:.4g} ms):\n\n```python\n"
+                   f"{rewrite['fast_code'].strip()}\n```")
+    return "\n\n".join(out)
+
+
+def nsight_compute(backend: str) -> str:
+    """What the record says about Nsight Compute: never a metric that was not measured."""
+    path = shutil.which("ncu")
+    if path is None:
+        return "not available: ncu is not on PATH"
+    if backend == "cpu":
+        return "not applicable: the cpu backend runs no GPU kernel"
+    return f"not collected: ncu is at {path}, but running it is not built yet"
+
+
+# ---- running a program under the profiler -------------------------------------------------------------------------
+def profile_program(task: Task, code: str, cfg: VerifyConfig, iterations: int = 10, warmup: int = 3,
+                    timeout_s: float = 60.0) -> dict:
+    """{status: ok | failed | crashed | timeout, reason, sandbox (as the process described it), and with ok: rows,
+    wall_ms, plain_ms, device, threads}. timeout_s bounds the profiled forwards; loading (and building, when the
+    cache misses) is bounded by cfg.compile_timeout_s, the process's start by STARTUP_S."""
+    from musacoder.backends import get_backend
+    from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout
+    from musacoder.verifier.build import Builder
+
+    backend = get_backend(cfg.backend)
+    builder = Builder(cfg.cache_dir, backend)
+    private = Path(tempfile.mkdtemp(prefix="musacoder-profile-"))
+    # the environment of the verifier's subjects, so the profile is taken as MooreEval's times were
+    env = {"TMPDIR": str(private), "TRITON_CACHE_DIR": str(private / "triton"),
+           "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"), "OMP_WAIT_POLICY": "PASSIVE"}
+    if backend.device_type == "cpu" and cfg.worker_mem_gb > 0:
+        env["MUSACODER_PROFILE_MEM_GB"] = str(cfg.worker_mem_gb)
+    argv = ["musacoder.synth.profiling", "--backend", backend.name, "--private", str(private), "--sandbox"]
+    if backend.device_type != "cpu":  # the driver writes under the process's own /proc entry (as for subjects)
+        argv += ["--writable", "/proc/self"]
+    proc = WorkerProcess("profiler", backend.name, cfg.cache_dir, env=env, start_timeout=STARTUP_S, argv=argv,
+                         log_path=private / "log")
+
+    def serve(msg: dict) -> dict:  # the program's load_inline: built here, by the trusted builder
+        return builder.build(dict(msg["arguments"])).model_dump()
+
+    stage, sandbox = "starting", ""
+    try:
+        sandbox = proc.start().get("sandbox", "")
+        stage = "loading"
+        r = proc.call({"op": "load", "task_code": task.code, "code": code, "precision": cfg.precision},
+                      cfg.compile_timeout_s, serve)
+        if r.get("ok"):
+            stage = "profiling"
+            r = proc.call({"op": "profile", "iterations": iterations, "warmup": warmup}, timeout_s, serve)
+        if not r.get("ok"):
+            return {"status": "failed", "reason": f"{stage}: {r.get('error', '')[-1500:]}", "sandbox": sandbox}
+        return {"status": "ok", "reason": "", "sandbox": sandbox, **{k: v for k, v in r.items() if k != "ok"}}
+    except WorkerTimeout as e:
+        return {"status": "timeout", "reason": f"{stage}: {e} (killed)", "sandbox": sandbox}
+    except WorkerDied as e:
+        return {"status": "crashed", "reason": f"{stage}: {e}"[-1500:], "sandbox": sandbox}
+    finally:
+        proc.kill()
+        shutil.rmtree(private, ignore_errors=True)
+
+
+# ---- records ----------------------------------------------------------------------------------------------------
+def load_rewrites(path: Path) -> dict[tuple[str, str], dict]:
+    """(task, slower program's hash) -> the kept rewrite pair with the largest speedup, from rewrite_pairs.jsonl."""
+    from musacoder.synth.rewrite import PAIRS
+
+    out: dict[tuple[str, str], dict] = {}
+    file = path / PAIRS if path.is_dir() else path
+    if not file.is_file():
+        return out
+    for line in file.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+            if not rec.get("kept"):
+                continue
+            key = (rec["task"], rec["slow"]["solution"])
+            pair = {"speedup": float(rec["speedup"]), "slow_ms": rec["slow"]["ms"], "fast_ms": rec["fast"]["ms"],
+                    "fast": rec["fast"]["solution"], "fast_code": rec["fast_code"]}
+        except (ValueError, KeyError, TypeError, AttributeError):  # a line cut by an interrupted run
+            continue
+        if key not in out or pair["speedup"] > out[key]["speedup"]:
+            out[key] = pair
+    return out
+
+
+def profiling_messages(s: Solution, backend: str, prof: dict, iterations: int) -> list[dict]:
+    system = task_messages(s.task, backend, one_shot=False)[0]
+    user = PROMPT.substitute(lang=STYLES[backend].lang, n=iterations, device=prof["device"], code=s.code.strip(),
+                             task=s.task.code.strip(), wall=f"{prof['wall_ms']:.4g}", plain=f"{prof['plain_ms']:.4g}",
+                             table=table_text(prof["rows"], prof["wall_ms"], iterations))
+    return [system, {"role": "user", "content": user}]
+
+
+def profiling_records(solutions: list[Solution], out_dir: Path, cfg: VerifyConfig,
+                      rewrites: dict[tuple[str, str], dict] | None = None, iterations: int = 10,
+                      timeout_s: float = 60.0, progress: Callable[[str, int, int], None] | None = None) -> dict:
+    """Profile each program (one at a time: concurrent runs would share the cores the times are read from) and
+    write profiling.jsonl and profiles.jsonl under out_dir; return the summary."""
+    from musacoder.synth.tasks import recorded
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rewrites = rewrites or {}
+    done = recorded(out_dir / PROFILES, lambda r: (r["task"], r["solution"]))
+    todo = [s for s in solutions if (s.task.key, s.hash) not in done]
+    ncu = nsight_compute(cfg.backend)
+    statuses, categories, with_rewrite = Counter(), Counter(), 0
+    with open(out_dir / PROFILES, "a") as profs, open(out_dir / PROFILING, "a") as recs:
+        for i, s in enumerate(todo, 1):
+            prof = profile_program(s.task, s.code, cfg, iterations, timeout_s=timeout_s)
+            statuses[prof["status"]] += 1
+            base = {"task": s.task.key, "solution": s.hash, "teacher": s.teacher, "origin": s.origin,
+                    "backend": cfg.backend}
+            if prof["status"] == "ok":
+                d = diagnose(prof["rows"], prof["wall_ms"], iterations)
+                categories[d.category] += 1
+                rewrite = rewrites.get((s.task.key, s.hash))
+                with_rewrite += rewrite is not None
+                gpu = cfg.backend != "cpu"
+                answer = answer_text(d, s.code, prof["wall_ms"], iterations, gpu, s.verdict, rewrite)
+                meta = {**base, "category": d.category, "bottleneck": d.bottleneck["name"],
+                        "kernel_share": round(d.kernel_share, 4), "wall_ms": prof["wall_ms"],
+                        "iterations": iterations, "profiler": "torch.profiler", "nsight_compute": ncu,
+                        "rewrite": {k: v for k, v in rewrite.items() if k != "fast_code"} if rewrite else None}
+                recs.write(json.dumps({"messages": profiling_messages(s, cfg.backend, prof, iterations)
+                                       + [{"role": "assistant", "content": answer}],
+                                       "kind": "profiling", "task": s.task.key, "metadata": meta}) + "\n")
+                recs.flush()
+                base.update(category=d.category, bottleneck=d.bottleneck["name"])
+            # the program's line is written last: it is the resume point
+            profs.write(json.dumps({**base, **prof, "iterations": iterations, "nsight_compute": ncu}) + "\n")
+            profs.flush()
+            if progress:
+                progress("profiling", i, len(todo))
+    return {"programs": len(solutions), "tried": len(todo), "skipped_existing": len(solutions) - len(todo),
+            "records": statuses["ok"], "with_rewrite": with_rewrite, "statuses": dict(statuses.most_common()),
+            "categories": dict(categories.most_common()), "nsight_compute": ncu}
+
+
+# ---- the profiling process ----------------------------------------------------------------------------------------
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--backend", required=True)
+    ap.add_argument("--private", required=True)
+    ap.add_argument("--sandbox", action="store_true")
+    ap.add_argument("--writable", action="append", default=[])
+    args = ap.parse_args(argv)
+    sandbox = "none"
+    if args.sandbox:  # before any import can start a thread (Landlock binds this thread and its future children)
+        from musacoder.verifier.sandbox import restrict_writes
+
+        sandbox = restrict_writes(args.private, [os.path.realpath(p) for p in args.writable])
+    mem_gb = float(os.environ.get("MUSACODER_PROFILE_MEM_GB", "0"))
+    if mem_gb > 0:  # as the verifier caps its cpu workers: a memory bomb fails here, not the host
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (int(mem_gb * 2**30), int(mem_gb * 2**30)))
+    from multiprocessing.connection import Connection
+
+    from musacoder.pool.worker import adopt_orphans_and_follow_parent
+
+    conn = Connection(args.fd)
+    adopt_orphans_and_follow_parent()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the program's prints must not reach the pipe
+    child = _Child(conn, args.backend, args.private)
+    child.send({"type": "hello", "pid": os.getpid(), "sandbox": sandbox})
+    child.loop()
+
+
+class _Child:
+    def __init__(self, conn, backend: str, private: str):
+        import torch
+
+        from musacoder.backends import get_backend
+        from musacoder.verifier.build import LaunchCounter
+
+        self.torch, self.conn, self.private = torch, conn, private
+        self.backend = get_backend(backend)
+        self.labels: set[str] = set()
+        _labelling_loader(self._request_build, LaunchCounter(), self.backend.extension_apis, self.labels).install()
+        self.backend.disable_tf32()
+        self.device = self.backend.device()
+        self.model = self.inputs = None
+
+    def send(self, obj: dict):
+        self.conn.send_bytes(json.dumps(obj).encode())
+
+    def _request_build(self, arguments: dict):
+        from musacoder.verifier.protocol import BuildReply, BuildRequest
+
+        self.send(BuildRequest(arguments=arguments).model_dump())
+        return BuildReply.model_validate(json.loads(self.conn.recv_bytes()))
+
+    def loop(self):
+        while True:
+            try:
+                job = json.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                return
+            try:
+                reply = {"ok": True, **getattr(self, "op_" + job["op"])(job)}
+            except BaseException as e:  # the program's failure is the answer
+                reply = {"ok": False, "error": "".join(traceback.format_exception(type(e), e, e.__traceback__))}
+            self.send(reply)
+
+    def op_load(self, job: dict) -> dict:
+        from musacoder.verifier.inputs import DTYPES, Shape, init_inputs, load_module, make_inputs
+
+        torch = self.torch
+        task = load_module(job["task_code"], "task", self.private)
+        cls = load_module(job["code"], "cand", self.private).ModelNew
+        torch.manual_seed(0)
+        with torch.device(self.device):
+            model = cls(*init_inputs(task, Shape()))
+        model = model.to(self.device)
+        if job["precision"] != "fp32":
+            model = model.to(DTYPES[job["precision"]])
+        self.model = model.eval()
+        self.inputs = make_inputs(task, Shape(), 0, self.device, job["precision"])
+        return {}
+
+    def _forward(self) -> float:
+        t0 = time.perf_counter()
+        self.model(*self.inputs)
+        self.backend.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    def op_profile(self, job: dict) -> dict:
+        import statistics
+
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        torch, n = self.torch, job["iterations"]
+        gpu = self.device.type != "cpu"
+        activities = [ProfilerActivity.CPU]
+        if gpu:
+            activities.append(ProfilerActivity.CUDA if self.device.type == "cuda" else ProfilerActivity.PrivateUse1)
+        with torch.no_grad():
+            for _ in range(job["warmup"]):
+                self._forward()
+            plain = statistics.fmean(self._forward() for _ in range(n))  # a mean, as the profiled wall time
+            # one profiled warm-up step first: the profiler's own start-up is not the program's time
+            with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=n, repeat=1)) as prof:
+                wall = 0.0
+                for step in range(n + 1):
+                    ms = self._forward()
+                    wall += ms if step else 0.0
+                    prof.step()
+        rows: dict[tuple[str, str], dict] = {}
+        for ev in prof.events():
+            if ev.device_type != torch.autograd.DeviceType.CPU:
+                us = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total  # older torch
+                kind, ms = "kernel", us / 1e3
+            elif ev.name.startswith("ProfilerStep") or gpu and "Synchronize" in ev.name:
+                continue  # the step's range (its glue is the cpu's OTHER_HOST row), the host waiting for kernels
+            else:
+                kind, ms = ("kernel" if not gpu and ev.name in self.labels else "host"), ev.self_cpu_time_total / 1e3
+            row = rows.setdefault((ev.name, kind), {"name": ev.name, "kind": kind, "calls": 0, "self_ms": 0.0})
+            row["calls"] += 1
+            row["self_ms"] += ms
+        if not rows:  # nothing to name a bottleneck from: no record
+            raise RuntimeError("torch.profiler recorded no event")
+        out = list(rows.values())
+        if not gpu:  # kernels run on the calling thread: the rest of the wall time is host work nothing recorded
+            covered = sum(r["self_ms"] for r in out)
+            out.append({"name": OTHER_HOST, "kind": "host", "calls": None, "self_ms": max(0.0, wall - covered)})
+        return {"rows": out, "wall_ms": wall / n, "plain_ms": plain, "device": self.backend.device_name(),
+                "threads": torch.get_num_threads()}
+
+
+def _labelling_loader(request_build, counter, apis, labels: set):
+    """The verifier's RemoteLoader, whose extension functions also open a profiler range named after themselves."""
+    import torch
+
+    from musacoder.verifier.build import RemoteLoader
+
+    class Loader(RemoteLoader):
+        def _load(self, arguments, kind, api):
+            mod = super()._load(arguments, kind, api)
+            for name, fn in list(vars(mod).items()) if not isinstance(mod, str) else []:
+                if not name.startswith("_") and callable(fn):
+                    labels.add(name)
+                    setattr(mod, name, _labelled(torch, fn, name))
+            return mod
+
+    return Loader(request_build, counter, apis)
+
+
+def _labelled(torch, fn, name: str):
+    def call(*args, **kwargs):
+        with torch.profiler.record_function(name):
+            return fn(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+if __name__ == "__main__":
+    main()
