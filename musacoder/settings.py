@@ -70,7 +70,13 @@ def _coerce(hint, value, path: str):
         if issubclass(hint, Settings):
             return hint.from_dict(value, path + ".")
         return hint(**value)
-    if typing.get_origin(hint) is tuple and isinstance(value, list):
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"setting {path}: expected a list, got {value!r}")
+        item = typing.get_args(hint)[0] if typing.get_args(hint) else None
+        if item in _SCALARS:
+            for i, v in enumerate(value):
+                _check_type(item, v, f"{path}[{i}]")
         return tuple(value)
     value = _yaml_float(hint, value)
     _check_type(hint, value, path)

@@ -347,6 +347,12 @@ def test_set_overrides_are_typed_and_validated(tmp_path, capsys):
                       ("oops", "expected KEY=VALUE")]:
         with pytest.raises(ValueError, match=said):
             SFTConfig.from_yaml(p, [bad])
+    from musacoder.config import VerifyConfig
+    for bad, said in [({"devices": "oops"}, "setting devices: expected a list, got 'oops'"),
+                      ({"devices": [0, "a"]}, r"setting devices\[1\]: expected int, got 'a'")]:
+        with pytest.raises(ValueError, match=said):  # not a tuple of characters that fails deep in the pool
+            VerifyConfig.from_dict(bad)
+    assert VerifyConfig.from_dict({"devices": [0, 0]}).devices == (0, 0)
     # the command line says it as an error line, before any model or data is touched
     (tmp_path / "empty.yaml").write_text("{}\n")
     for command in ("sft", "rft", "rl"):

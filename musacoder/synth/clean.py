@@ -108,6 +108,29 @@ def _aten_ops(module, shape: Shape) -> list[str]:
     return mode.seen
 
 
+def measure_families(code: str, size_scale: float = 1.0, min_size: int = 2) -> list[str]:
+    """The operator families of a task that did not come with them (KernelBench, the shipped tasks): the aten ops of
+    one eager forward on the cpu, as `check_task` finds them, at the task's sizes x `size_scale`. Raises whatever
+    loading or running the task raises."""
+    with tempfile.TemporaryDirectory() as tmp:
+        module = load_module(code, "synth_task", Path(tmp))
+        shape = Shape(scaled_constants(module, size_scale, min_size) if size_scale != 1.0 else {})
+        return families_of(_aten_ops(module, shape))
+
+
+def known_families(task) -> list[str]:
+    """The families a task record came with (`synth tasks`, `synth variants` write them; the loaders keep them in
+    `Task.metadata`), else []."""
+    fams = task.metadata.get("families")
+    return [str(f) for f in fams] if isinstance(fams, list) else []
+
+
+def with_families(meta: dict, task) -> dict:
+    """A training record's metadata plus its task's known families, which SFT mixing weighs by (train/data.py)."""
+    fams = known_families(task)
+    return {**meta, "families": fams} if fams else meta
+
+
 def check_task(code: str, size_scale: float = 1.0, min_size: int = 2) -> TaskReport:
     rep = TaskReport()
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,7 +7,7 @@ from typing import Literal
 
 import typer
 
-from musacoder.cli_base import App, err, fail
+from musacoder.cli_base import App, Backend, err, fail
 from musacoder.tasks.select import IdsOpt, LevelsOpt, NamesOpt, TasksOpt
 
 synth_app = App(add_completion=False, no_args_is_help=True, help="Synthesize tasks and verified solutions.")
@@ -113,7 +113,10 @@ def solve(out: Path = typer.Option(..., help="directory: solutions.jsonl (every 
                                          "and another turn, and a repaired answer becomes a multi-turn repair record"),
           prompt: Literal["bench", "stage2"] = typer.Option(
               "bench", help="bench (the benchmark's prompt) or stage2 (plus measured tensor metadata and the six-step "
-                            "reasoning template, answered in <think>; model teachers)")):
+                            "reasoning template, answered in <think>; model teachers)"),
+          set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE",
+                                         help="a verifier setting, YAML value; repeatable (devices=[0,0]: two device "
+                                              "workers on GPU 0)")):
     """Teacher solutions for the selected tasks (`synth tasks` output, KernelBench, ...), each verified by MooreEval
     (strict); the passing ones as SFT records. The compiler teacher tries each task once; a model teacher answers
     --samples times per task (kept with its reasoning). Resumable; exit 1 when samples are left unfinished (a failed
@@ -123,6 +126,7 @@ def solve(out: Path = typer.Option(..., help="directory: solutions.jsonl (every 
 
     from musacoder.config import VerifyConfig
     from musacoder.conversation import STYLES
+    from musacoder.settings import parse_overrides
     from musacoder.synth.solve import SFT, SOLUTIONS, TeacherConfig, solve_tasks, teach_tasks
     from musacoder.tasks import TaskLoadError
     from musacoder.tasks.select import select_tasks
@@ -148,13 +152,16 @@ def solve(out: Path = typer.Option(..., help="directory: solutions.jsonl (every 
             fail(f"--teacher: {e}")
         cfg = TeacherConfig(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                             turns=turns, prompt=prompt)
+    try:
+        vcfg = VerifyConfig.from_dict({**parse_overrides(set_), "backend": backend})
+    except ValueError as e:
+        fail(f"--set: {e}")
     with Progress(console=err, transient=True) as bar:
         job = bar.add_task("teacher", total=len(found))
 
         def update(stage, i, n):
             bar.update(job, description=stage, completed=i, total=n)
 
-        vcfg = VerifyConfig(backend=backend)
         summary = solve_tasks(found, out, vcfg, update, workers) if teacher == "inductor" else \
             teach_tasks(found, out, vcfg, client, teacher, cfg, update)
     err.print(f"{summary['tried']} tried"
@@ -462,3 +469,154 @@ def card(paths: list[Path] = typer.Argument(..., metavar="DIR...", help="directo
     err.print(f"  -> {out / written[0]}" + (f", plots {', '.join(written[1:])}" if written[1:] else ""))
     if as_json:
         print(json.dumps(c, indent=1))
+
+
+@synth_app.command("qa")
+def qa(out: Path = typer.Option(..., help="directory: qa.jsonl (the records), qa_answers.jsonl (every question "
+                                          "asked, with the answer, kept or why it was dropped)"),
+       model: str = typer.Option(..., "--model", help="the teacher: openai:MODEL@URL, hf:PATH or replay:PATH, as in "
+                                                     "`bench run --model`"),
+       tasks: TasksOpt = None, levels: LevelsOpt = None, ids: IdsOpt = None, names: NamesOpt = None,
+       solutions: Path | None = typer.Option(None, help="solutions.jsonl of `synth solve` (or its directory): "
+                                                        "questions about each passing solution of --backend too"),
+       task_questions: bool = typer.Option(True, "--task-questions/--no-task-questions",
+                                           help="questions about each selected task itself"),
+       backend: str = typer.Option("cuda", help="the kernels the questions are about (cuda, triton, cpu, musa); "
+                                                "with --solutions, the solutions of this backend"),
+       per_task: int = typer.Option(3, min=1, help="questions per task (and per solution), templates in a seeded "
+                                                   "order"),
+       seed: int = typer.Option(0, help="picks the templates; the base of the sampling seeds"),
+       limit: int | None = typer.Option(None, min=1, help="the first N tasks only"),
+       temperature: float = typer.Option(0.7, min=0.0),
+       top_p: float = typer.Option(1.0, min=0.0, max=1.0),
+       max_tokens: int = typer.Option(8192, min=1, help="response token limit (an answer cut there is dropped)")):
+    """Stage 3d: questions built from the selected tasks (operator families, measured shapes and dtypes, backend)
+    and their verified solutions (the kernel code), answered by an LLM teacher, as qa records marked unverified
+    (no executable check of prose exists). Empty, truncated and refusing answers are dropped and counted. Resumable;
+    exit 1 when questions are left unanswered (a failed generation), 2 when nothing could be produced."""
+    from rich.markup import escape
+    from rich.progress import Progress
+
+    from musacoder.synth.qa import ANSWERS, DEVICES, QA, Material, QAConfig, qa_records
+    from musacoder.synth.repair import SolutionsError, load_solutions
+    from musacoder.tasks import TaskLoadError
+    from musacoder.tasks.select import select_tasks
+
+    if backend not in DEVICES:
+        fail(f"--backend must be one of {', '.join(DEVICES)}, not {backend!r}")
+    if not task_questions and solutions is None:
+        fail("--no-task-questions leaves nothing to ask about: give --solutions")
+    if out.exists() and not out.is_dir():
+        fail(f"{out} is a file; give a directory")
+    try:
+        found = select_tasks(tasks, levels, ids, names)[:limit]
+        loaded = load_solutions(solutions, select_tasks(tasks), backend) if solutions is not None else None
+    except (SolutionsError, TaskLoadError, OSError) as e:
+        fail(e)
+    materials = [Material(t) for t in found] if task_questions else []
+    if loaded is not None:
+        keys = {t.key for t in found}
+        for reason, count in loaded.skipped.items():
+            err.print(f"  skipped {count} solutions: {reason}")
+        for p in loaded.problems[:10]:
+            err.print(f"  unusable: {p}")
+        if len(loaded.problems) > 10:
+            err.print(f"  ... and {len(loaded.problems) - 10} more unusable lines")
+        chosen = [Material(t, code) for t, code in loaded.solutions if t.key in keys]
+        if len(chosen) < len(loaded.solutions):
+            err.print(f"  skipped {len(loaded.solutions) - len(chosen)} solutions: task not selected")
+        if not chosen and not task_questions:
+            fail(f"no usable solution in {solutions} (status ok, backend {backend}, a selected task)")
+        materials += chosen
+    from musacoder.bench.clients import make_client
+
+    try:
+        client = make_client(model)
+    except (ValueError, OSError) as e:  # an unknown spec, a missing replay file or checkpoint
+        fail(f"--model: {e}")
+    cfg = QAConfig(per_task=per_task, seed=seed, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+    with Progress(console=err, transient=True) as bar:
+        job = bar.add_task("asking the teacher", total=None)
+        summary = qa_records(materials, out, client, model, backend, cfg,
+                             lambda i, n: bar.update(job, completed=i, total=n))
+    dropped = summary["dropped"]
+    failed = summary["generation_failed"] + summary["not_asked"]
+    err.print(f"{summary['asked']} questions asked about {len(materials)} tasks and solutions: {summary['kept']} "
+              f"kept, {sum(dropped.values())} dropped"
+              + (f", {failed} without an answer" if failed else "")
+              + (f", {summary['skipped_existing']} already done" if summary["skipped_existing"] else ""))
+    for reason, count in dropped.items():
+        err.print(f"  dropped {count}: {reason}")
+    if summary["templates"]:
+        err.print("  templates: " + ", ".join(f"{k} {v}" for k, v in summary["templates"].items()))
+    err.print(f"  -> {out / QA} (kind qa, metadata verified: false); every question in {out / ANSWERS}")
+    if failed and not summary["kept"]:
+        fail(f"{summary['fatal'] or summary['first_error']}; no qa record produced: {failed} questions without an "
+             "answer, asked again by the next run")
+    if failed:
+        err.print(f"[yellow]{failed} questions without an answer[/yellow] (first: "
+                  f"{escape(summary['first_error'] or summary['fatal'] or '')}); run the same command again to ask "
+                  "them")
+        raise typer.Exit(1)
+
+
+@synth_app.command("diagnose")
+def diagnose(model: str = typer.Option(..., help="the base model: openai:MODEL@URL, hf:PATH or replay:PATH, as in "
+                                                 "`bench run --model`"),
+             out: Path = typer.Option(..., help="directory: the bench run (samples.sqlite, metrics.json, report.md) "
+                                                "and families.json; an existing run there is resumed"),
+             tasks: TasksOpt = None, levels: LevelsOpt = None, ids: IdsOpt = None, names: NamesOpt = None,
+             limit: int | None = typer.Option(None, min=1, help="the first N tasks only"),
+             samples: int = typer.Option(4, min=1, help="samples per task"),
+             backend: Backend = typer.Option("auto", help="prompt style and verifier"),
+             temperature: float = typer.Option(0.7, min=0.0),
+             max_tokens: int = typer.Option(32768, min=1, help="response token limit"),
+             no_timing: bool = typer.Option(False, "--no-timing", help="skip timing: no fast_1, the score is the mean "
+                                                                        "of compile and correct"),
+             min_samples: int = typer.Option(8, min=1, help="a family with fewer finished samples keeps weight 1"),
+             min_weight: float = typer.Option(0.25, min=0.0, max=1.0, help="the easiest family's weight, at least"),
+             max_weight: float = typer.Option(4.0, min=1.0, help="the weakest family's weight, at most"),
+             concurrency: int = typer.Option(16, min=1, help="requests in flight (openai)")):
+    """Measure a base model per operator family with the bench runner (compile rate, correctness, fast_1) and write
+    families.json: weights that upsample the families it is weak at and downsample easy ones, for SFT's
+    `family_weights`. Resumable (the bench run is); exit 1 when samples are left unfinished (rerun to retry)."""
+    from rich.markup import escape
+
+    from musacoder.bench.clients import make_client
+    from musacoder.bench.runner import BenchConfig
+    from musacoder.bench.store import RunMismatch
+    from musacoder.config import VerifyConfig
+    from musacoder.synth.diagnose import FAMILIES_JSON, NoSamples, WeightRule, table
+    from musacoder.synth.diagnose import diagnose as run_diagnosis
+    from musacoder.tasks import TaskLoadError
+    from musacoder.tasks.select import select_tasks
+
+    if out.exists() and not out.is_dir():
+        fail(f"{out} is a file; give a directory")
+    try:
+        found = select_tasks(tasks, levels, ids, names)[:limit]
+        rule = WeightRule(w_min=min_weight, w_max=max_weight, min_samples=min_samples)
+    except (TaskLoadError, ValueError, OSError) as e:
+        fail(e)
+    try:
+        client = make_client(model, concurrency=concurrency)
+    except (ValueError, OSError) as e:  # an unknown spec, a missing replay file or checkpoint
+        fail(f"--model: {e}")
+    err.print(f"{len(found)} tasks x {samples} samples, model [bold]{escape(model)}[/bold] -> {out}")
+    try:
+        res = run_diagnosis(found, client, out, model, BenchConfig(samples=samples, temperature=temperature,
+                                                                   max_tokens=max_tokens, backend=backend),
+                            VerifyConfig(timing_enabled=not no_timing), rule, console=err)
+    except (NoSamples, RunMismatch) as e:
+        fail(e)
+    err.print(table(res))
+    for key, why in res["unmeasured_tasks"].items():
+        err.print(f"  families not measured (its samples count nowhere): {key}: {escape(why)}")
+    if few := [f for f, s in res["per_family"].items() if s["few_samples"]]:
+        err.print(f"  weight 1 for {len(few)} families with fewer than {min_samples} samples: {', '.join(few)}")
+    err.print(f"  -> {out / FAMILIES_JSON}; the run's report {out / 'report.md'}")
+    if res["unfinished"]:
+        err.print(f"[yellow]{res['unfinished']} samples unfinished[/yellow]"
+                  + (f" ({escape(client.fatal)})" if client.fatal else "")
+                  + ": the weights are from the finished ones; run the same command again to retry the rest")
+        raise typer.Exit(1)

@@ -282,6 +282,7 @@ def profiling_records(solutions: list[Solution], out_dir: Path, cfg: VerifyConfi
                       timeout_s: float = 60.0, progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Profile each program (one at a time: concurrent runs would share the cores the times are read from) and
     write profiling.jsonl and profiles.jsonl under out_dir; return the summary."""
+    from musacoder.synth.clean import with_families
     from musacoder.synth.tasks import recorded
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -309,7 +310,8 @@ def profiling_records(solutions: list[Solution], out_dir: Path, cfg: VerifyConfi
                         "rewrite": {k: v for k, v in rewrite.items() if k != "fast_code"} if rewrite else None}
                 recs.write(json.dumps({"messages": profiling_messages(s, cfg.backend, prof, iterations)
                                        + [{"role": "assistant", "content": answer}],
-                                       "kind": "profiling", "task": s.task.key, "metadata": meta}) + "\n")
+                                       "kind": "profiling", "task": s.task.key,
+                                       "metadata": with_families(meta, s.task)}) + "\n")
                 recs.flush()
                 base.update(category=d.category, bottleneck=d.bottleneck["name"])
             # the program's line is written last: it is the resume point

@@ -25,6 +25,7 @@ from string import Template
 
 from musacoder.config import VerifyConfig
 from musacoder.conversation import STYLES, feedback_message, task_messages
+from musacoder.synth.clean import with_families
 from musacoder.synth.mutate import OPERATORS, Mutant, mutate
 from musacoder.synth.solve import SOLUTIONS
 from musacoder.synth.tasks import recorded
@@ -171,8 +172,8 @@ def repair_records(solutions: Iterable[tuple[Task, str]], out_dir: Path, cfg: Ve
             task, code, sol, m = pending[i]
             verdicts[v.status.value] += 1
             why = STILL_PASSES if v.passed else INFRA if v.status is Status.INFRA_ERROR else None
-            meta = {"source": "mutation", "operator": m.operator, "seed": seed, "solution": sol,
-                    "mutant": _hash(m.code), "status": v.status.value, "bug": m.description}
+            meta = with_families({"source": "mutation", "operator": m.operator, "seed": seed, "solution": sol,
+                                  "mutant": _hash(m.code), "status": v.status.value, "bug": m.description}, task)
             per_op[m.operator]["tried"] += 1
             if why:
                 dropped[why] += 1

@@ -39,6 +39,7 @@ from string import Template
 
 from musacoder.config import VerifyConfig
 from musacoder.conversation import task_messages
+from musacoder.synth.clean import with_families
 from musacoder.synth.repair import Loaded, SolutionsError
 from musacoder.synth.solve import SOLUTIONS
 from musacoder.synth.tasks import recorded
@@ -194,7 +195,8 @@ def write_pairs(solutions: list[Solution], out_dir: Path, backend: str, rule: No
                     kept += 1
                     answer = {"role": "assistant", "content": f"```python\n{fast.code.strip()}\n```"}
                     rw.write(json.dumps({"messages": rewrite_messages(slow.task, backend, slow) + [answer],
-                                         "kind": "rewrite", "task": key, "metadata": meta}) + "\n")
+                                         "kind": "rewrite", "task": key,
+                                         "metadata": with_families(meta, slow.task)}) + "\n")
                     rw.flush()
                 else:
                     dropped[why] += 1

@@ -30,6 +30,7 @@ from musacoder.candidates import ExtractionError, extract_code
 from musacoder.config import VerifyConfig
 from musacoder.conversation import task_messages
 from musacoder.episode import Episode, run_episodes
+from musacoder.synth.clean import with_families
 from musacoder.synth.tasks import recorded
 from musacoder.tasks.model import Task
 from musacoder.verifier.verdict import Status, Verdict
@@ -115,8 +116,8 @@ def _write_solution(sol, sft, t: Task, r, v: Verdict, backend: str) -> None:
         answer = f"```python\n{r.candidate.strip()}\n```"
         sft.write(json.dumps({"messages": task_messages(t, backend) + [{"role": "assistant", "content": answer}],
                               "kind": "generation", "task": t.key,
-                              "metadata": {"teacher": "inductor", "status": v.status.value,
-                                           "speedup_eager": v.speedup_eager}}) + "\n")
+                              "metadata": with_families({"teacher": "inductor", "status": v.status.value,
+                                                         "speedup_eager": v.speedup_eager}, t)}) + "\n")
 
 
 @dataclass
@@ -250,9 +251,10 @@ def teach_tasks(tasks: list[Task], out_dir: Path, vcfg: VerifyConfig, client: Cl
                         stats["sft"] += 1
                         rec = {"messages": last.sample.messages + [{"role": "assistant", "content": last.text}],
                                "kind": "generation" if len(e.rounds) == 1 else "repair", "task": e.task.key,
-                               "metadata": {**base, "sample": e.sample, "turns": len(e.rounds),
-                                            "status": last.status,
-                                            "speedup_eager": last.sample.verdict.speedup_eager}}
+                               "metadata": with_families({**base, "sample": e.sample, "turns": len(e.rounds),
+                                                          "status": last.status,
+                                                          "speedup_eager": last.sample.verdict.speedup_eager},
+                                                         e.task)}
                         sft.write(json.dumps(rec) + "\n")
                 sol.flush()
                 sft.flush()

@@ -34,9 +34,14 @@ def _from_records(records: list[dict], source: str) -> list[Task]:
             raise TaskLoadError(f"task {name} ({source} record {i}): no 'code' string")
         level = r.get("level")
         pid = r.get("problem_id")
+        meta = r.get("metadata")
+        # the operator families of `synth tasks` records (for mixing by family), and nothing else of a file's
+        # metadata: Task.metadata has keys with a meaning to the verifier (pool.base.TASK_CONFIG)
+        fams = meta.get("families") if isinstance(meta, dict) else None
         tasks.append(Task(name=str(name), code=r["code"], level=int(level) if level is not None else None,
-                          problem_id=int(pid) if pid is not None else None,
-                          source=f"{source}#{i}").validate())
+                          problem_id=int(pid) if pid is not None else None, source=f"{source}#{i}",
+                          metadata={"families": [str(f) for f in fams]} if isinstance(fams, list) else {}
+                          ).validate())
     return tasks
 
 

@@ -14,12 +14,16 @@ turn that is trained on. Earlier turns are context: their loss is masked and the
 Records whose metadata share a "pool" value form one training item: every epoch draws one of them at random (by
 "cluster" first when the records carry one), which is how the RFT data keeps several correct answers per task alive.
 
+Metadata "families" (the task's operator families, which synth writes) let `mix` weigh items by family: with the
+weights of `synth diagnose` (families.json), an item of a family the model is weak at is drawn more often.
+
 A malformed line never stops a load: it becomes a `Problem` naming `file:line`, and every other line is kept.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from collections import Counter
@@ -179,13 +183,77 @@ def write_records(path: str | Path, records: Iterable[Record | dict]) -> int:
 class Mix:
     items: list[list[Record]]  # one training item each: a single record, or a pool to draw from
     problems: list[Problem]
-    stats: list[dict]  # per source: path, weight, records, bad, items, drawn, kinds
+    stats: list[dict]  # per source: path, weight, records, bad, items, drawn, kinds, families ({f: {items, drawn}})
+    family_weights: dict[str, float] = field(default_factory=dict)  # as applied; {}: none
 
 
-def mix(sources: Sequence[Source | str | Path | dict], seed: int = 0) -> Mix:
-    """Load sources, group pools into items, and apply each source's weight to its items."""
+def load_family_weights(path: str | Path) -> dict[str, float]:
+    """Family -> weight from `synth diagnose`'s families.json (its per_family weights), or from a plain JSON object
+    {family: weight}. DataError when it is neither."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"family weights {path}: {e}") from e
+    if isinstance(obj, dict) and isinstance(obj.get("per_family"), dict):
+        obj = {f: s.get("weight") if isinstance(s, dict) else None for f, s in obj["per_family"].items()}
+    if not isinstance(obj, dict) or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0
+                                            for w in obj.values()):
+        raise DataError(f"family weights {path}: expected families.json of `synth diagnose` or a JSON object "
+                        "{family: weight >= 0}")
+    return {str(f): float(w) for f, w in obj.items()}
+
+
+def item_families(item: list[Record]) -> list[str]:
+    """An item's operator families (metadata "families"), over all members of a pool, in order."""
+    out: list[str] = []
+    for r in item:
+        fams = r.metadata.get("families")
+        for f in fams if isinstance(fams, list) else []:
+            if str(f) not in out:
+                out.append(str(f))
+    return out
+
+
+def family_weight(families: Sequence[str], weights: dict[str, float]) -> float:
+    """The mean of the families' weights (a family the weights do not name counts 1); 1 without families. The mean,
+    not the max: nearly every task has a common family (elementwise, reshape) besides the one it is about, and a
+    record about a weak family among easy ones is upsampled in proportion."""
+    return sum(weights.get(f, 1.0) for f in families) / len(families) if families else 1.0
+
+
+def _per_family(own: list[list[Record]], drawn: list[list[Record]]) -> dict:
+    """{family: {items, drawn}}: an item counts in each of its families; items without any under "(none)"."""
+    def count(xs):
+        return Counter(f for x in xs for f in item_families(x) or ["(none)"])
+
+    have, got = count(own), count(drawn)
+    return {f: {"items": n, "drawn": got.get(f, 0)} for f, n in have.most_common()}
+
+
+def _draw_weighted(own: list[list[Record]], weights: list[float], rng: random.Random) -> list[list[Record]]:
+    """Item i int(w_i) times, and once more with probability frac(w_i): systematic sampling over the items ordered by
+    weight (ties in a seeded random order) from one random start, so that each weight's items get within one of
+    their expected extra draws, and a lone item of weight 1.3 is still drawn twice 30% of the time."""
+    drawn = [x for x, w in zip(own, weights) for _ in range(int(w))]
+    start, acc = rng.random(), 0.0
+    for i in sorted(range(len(own)), key=lambda i: (weights[i], rng.random())):
+        before, acc = acc, acc + weights[i] - int(weights[i])
+        if math.floor(acc + start) > math.floor(before + start):
+            drawn.append(own[i])
+    return drawn
+
+
+def mix(sources: Sequence[Source | str | Path | dict], seed: int = 0,
+        family_weights: str | Path | dict[str, float] | None = None) -> Mix:
+    """Load sources, group pools into items, and apply each source's weight to its items. With `family_weights`
+    (families.json of `synth diagnose`, or {family: weight}) an item's weight is its source's times
+    `family_weight(its families)` (drawn by `_draw_weighted`)."""
     rng = random.Random(seed)
     items, problems, stats = [], [], []
+    fw = {} if family_weights is None else dict(family_weights) if isinstance(family_weights, dict) \
+        else load_family_weights(family_weights)
+    if bad_fw := {f: w for f, w in fw.items() if not w >= 0}:
+        raise DataError(f"family weights must be >= 0, not {bad_fw}")
     for s in map(Source.coerce, sources):
         if s.weight < 0:
             raise DataError(f"data source {s.path}: weight must be >= 0, not {s.weight}")
@@ -201,12 +269,16 @@ def mix(sources: Sequence[Source | str | Path | dict], seed: int = 0) -> Mix:
                 own.append(pools[r.pool])
             else:
                 pools[r.pool].append(r)
-        whole, frac = int(s.weight), s.weight - int(s.weight)
-        drawn = own * whole + rng.sample(own, round(frac * len(own)))
+        if fw:
+            drawn = _draw_weighted(own, [s.weight * family_weight(item_families(x), fw) for x in own], rng)
+        else:  # 2 repeats each item, 0.5 keeps a random half (exactly: round(0.5 x items))
+            whole, frac = int(s.weight), s.weight - int(s.weight)
+            drawn = own * whole + rng.sample(own, round(frac * len(own)))
         items += drawn
         stats.append({"path": s.path, "weight": s.weight, "records": len(records), "bad": len(bad),
-                      "items": len(own), "drawn": len(drawn), "kinds": dict(Counter(r.kind for r in records))})
-    return Mix(items, problems, stats)
+                      "items": len(own), "drawn": len(drawn), "kinds": dict(Counter(r.kind for r in records)),
+                      "families": _per_family(own, drawn)})
+    return Mix(items, problems, stats, fw)
 
 
 def draw(clusters: Sequence, rng: random.Random, by_cluster: bool = True) -> int:

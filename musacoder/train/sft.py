@@ -40,6 +40,9 @@ class SFTConfig(Settings):
     its global batch of 256 is per_device_train_batch_size x gradient_accumulation_steps x GPUs."""
 
     data: list[Source] = field(default_factory=list)
+    # families.json of `synth diagnose` (or a JSON {family: weight}): each item's weight is its source's times the
+    # mean weight of its records' metadata "families" (train/data.py `mix`); None: sources' weights only
+    family_weights: str | None = None
     output_dir: str = "runs/sft"
     model: str | None = None  # a checkpoint directory (or a hub id where the hub is reachable)
     # Instead of `model`: a fresh model of this architecture, `AutoConfig.for_model(**init)` (e.g. model_type:
@@ -162,7 +165,7 @@ def _write_report(out: Path, m: Mix, problems: list[Problem], rows: list[dict]) 
         for p in problems:
             f.write(json.dumps({"origin": p.origin, "problem": p.message}) + "\n")
     lengths = [len(ids) for r in rows for ids in r["ids"]]
-    report = {"sources": m.stats, "problems": len(problems), "items": len(rows),
+    report = {"sources": m.stats, "family_weights": m.family_weights, "problems": len(problems), "items": len(rows),
               "pools": sum(len(r["ids"]) > 1 for r in rows), "records_tokenised": len(lengths),
               "mean_tokens": sum(lengths) / max(len(lengths), 1), "max_tokens": max(lengths, default=0)}
     (out / "data_report.json").write_text(json.dumps(report, indent=2))
@@ -225,7 +228,7 @@ def build_trainer(cfg: SFTConfig):
     from transformers import AutoTokenizer
 
     out = Path(cfg.output_dir)
-    m = mix(cfg.data, cfg.seed)
+    m = mix(cfg.data, cfg.seed, cfg.family_weights)
     records = [r for item in m.items for r in item]
     if cfg.init is not None:
         tok = _bpe_tokenizer(records, cfg.init_vocab_size)
