@@ -213,9 +213,8 @@ def demo(backend: Backend = BackendOpt,
          only: str | None = typer.Option(None, help="only examples whose file name contains this"),
          out: Path | None = typer.Option(None, help="also write the verdicts as JSONL here")):
     """Verify the shipped example kernels (honest and cheating) on the shipped tasks and print a table."""
-    from rich.progress import Progress
-
     from musacoder.examples_catalog import load_catalog
+    from musacoder.progress import LoggedProgress
     from musacoder.tasks import builtin_task
     from musacoder.verifier.api import verify_many
 
@@ -229,7 +228,7 @@ def demo(backend: Backend = BackendOpt,
                   "cache)")
     pairs = [(builtin_task(e.task), e.path.read_text()) for e in examples]
     verdicts = {}
-    with Progress(console=console, transient=True) as prog:
+    with LoggedProgress(console=console, transient=True) as prog:
         bar = prog.add_task("verifying", total=len(pairs))
         for i, v in verify_many(pairs, cfg):
             verdicts[i] = v

@@ -25,6 +25,7 @@ from musacoder.bench.store import GENERATED, GENERATION_ERROR, Row, RunMismatch,
 from musacoder.candidates import ExtractionError, extract_code
 from musacoder.config import VerifyConfig
 from musacoder.episode import Episode, Round
+from musacoder.progress import LoggedProgress
 from musacoder.tasks.model import Task
 from musacoder.verifier.api import verify_many
 
@@ -226,7 +227,7 @@ def run_bench(tasks: list[Task], client: Client, out_dir: str | Path, config: Be
             total = len(tasks) * cfg.samples
             mine = [r for r in stored if r.task in by_key and r.sample < cfg.samples and r.turn <= cfg.turns]
             console.print(f"resuming: {total - unfinished(tasks, mine, cfg, vcfg.backend)} of {total} samples done")
-        with Progress(console=console, transient=False) as progress:
+        with LoggedProgress(console=console, transient=False) as progress:
             for turn in range(1, cfg.turns + 1):
                 gen, ver = plan(tasks, store.rows(), cfg, vcfg.backend, turn)
                 if gen or ver:
