@@ -8,6 +8,7 @@ from typing import Literal
 import typer
 
 from musacoder.cli_base import App, Backend, err, fail
+from musacoder.progress import LoggedProgress
 from musacoder.tasks.select import IdsOpt, LevelsOpt, NamesOpt, TasksOpt
 
 synth_app = App(add_completion=False, no_args_is_help=True, help="Synthesize tasks and verified solutions.")
@@ -34,7 +35,6 @@ def tasks(out: Path = typer.Option(..., help="JSONL of kept tasks (KernelBench r
                                             help="run the cleaning checks at these sizes (cheaper)")):
     """Random operator graphs over KernelBench's families (or, with --source harvest, real modules of the installed
     libraries) as tasks, checked and cleaned. Resumable (appends)."""
-    from rich.progress import Progress
 
     from musacoder.synth.graphs import FAMILIES, GraphSpec
     from musacoder.synth.tasks import synth_tasks
@@ -49,7 +49,7 @@ def tasks(out: Path = typer.Option(..., help="JSONL of kept tasks (KernelBench r
         fail(e)
     if out.exists() and out.is_dir():
         fail(f"{out} is a directory; give a .jsonl file")
-    with Progress(console=err, transient=True) as bar:
+    with LoggedProgress(console=err, transient=True) as bar:
         job = bar.add_task("generating and checking", total=n)
         summary = synth_tasks(out, n, seed, spec, check_scale, lambda i, total: bar.update(job, completed=i,
                                                                                            total=total))
@@ -73,13 +73,12 @@ def _csv(s: str) -> tuple[str, ...]:
 def _harvest(out: Path, n: int | None, seed: int, size: float, check_scale: float, libs: str | None,
              match: str | None):
     """`synth tasks --source harvest`: real modules of the installed libraries (synth/harvest.py)."""
-    from rich.progress import Progress
 
     from musacoder.synth.harvest import LIBS, HarvestSpec, harvest_tasks
 
     if out.exists() and out.is_dir():
         fail(f"{out} is a directory; give a .jsonl file")
-    with Progress(console=err, transient=True) as bar:
+    with LoggedProgress(console=err, transient=True) as bar:
         job = bar.add_task("harvesting and checking", total=None)
         try:
             spec = HarvestSpec(seed=seed, size=size, libs=_csv(libs) if libs else LIBS, match=_csv(match or ""))
@@ -122,7 +121,6 @@ def solve(out: Path = typer.Option(..., help="directory: solutions.jsonl (every 
     --samples times per task (kept with its reasoning). Resumable; exit 1 when samples are left unfinished (a failed
     generation, a dead server): rerun the same command to retry them."""
     from rich.markup import escape
-    from rich.progress import Progress
 
     from musacoder.config import VerifyConfig
     from musacoder.conversation import STYLES
@@ -156,7 +154,7 @@ def solve(out: Path = typer.Option(..., help="directory: solutions.jsonl (every 
         vcfg = VerifyConfig.from_dict({**parse_overrides(set_), "backend": backend})
     except ValueError as e:
         fail(f"--set: {e}")
-    with Progress(console=err, transient=True) as bar:
+    with LoggedProgress(console=err, transient=True) as bar:
         job = bar.add_task("teacher", total=len(found))
 
         def update(stage, i, n):
@@ -191,7 +189,6 @@ def repair(solutions: Path = typer.Option(..., help="solutions.jsonl of `synth s
     """Stage 3a: inject realistic bugs into verified solutions, verify each mutant with MooreEval, and write the
     failing ones as repair (with the verifier's real feedback) and reviewer records. --tasks: the tasks `synth
     solve` ran on (default: the shipped ones). Resumable."""
-    from rich.progress import Progress
 
     from musacoder.config import VerifyConfig
     from musacoder.synth.mutate import OPERATORS
@@ -227,7 +224,7 @@ def repair(solutions: Path = typer.Option(..., help="solutions.jsonl of `synth s
         err.print(f"  ... and {len(loaded.problems) - 10} more unusable lines")
     if not loaded.solutions:
         fail(f"no usable solution in {solutions} (status ok, backend {backend}, a known task)")
-    with Progress(console=err, transient=True) as bar:
+    with LoggedProgress(console=err, transient=True) as bar:
         job = bar.add_task("verifying mutants", total=None)
         summary = repair_records(loaded.solutions, out, VerifyConfig(backend=backend, timing_enabled=False),
                                  per_solution, seed, lambda stage, i, n: bar.update(job, completed=i, total=n), ops)
@@ -304,7 +301,6 @@ def variants(out: Path = typer.Option(..., help="JSONL of kept variants (KernelB
              limit: int | None = typer.Option(None, min=1, help="the first N tasks only")):
     """Shape, dtype (fp16/bf16) and fused variants of the selected tasks, each checked like `synth tasks` output and
     kept with its parent and what was drawn. Appends and resumes."""
-    from rich.progress import Progress
 
     from musacoder.synth.variants import VariantError, dropped_path, synth_variants
     from musacoder.tasks import TaskLoadError
@@ -314,7 +310,7 @@ def variants(out: Path = typer.Option(..., help="JSONL of kept variants (KernelB
         fail(f"{out} is a directory; give a .jsonl file")
     try:
         found = select_tasks(tasks, levels, ids, names)[:limit]
-        with Progress(console=err, transient=True) as bar:
+        with LoggedProgress(console=err, transient=True) as bar:
             job = bar.add_task("drawing and checking", total=None)
             summary = synth_variants(found, out, tuple(k.strip() for k in kinds.split(",") if k.strip()), per_task,
                                      seed, check_scale, lambda i, n: bar.update(job, completed=i, total=n))
@@ -374,13 +370,12 @@ def rewrite(solutions: list[Path] = typer.Option(..., help="solutions.jsonl of `
     as rewrite records; pairs within the timing noise are dropped and counted. --tasks: the tasks `synth solve` ran
     on (default: the shipped ones). Resumable."""
     from rich.markup import escape
-    from rich.progress import Progress
 
     from musacoder.config import VerifyConfig
     from musacoder.synth.rewrite import PAIRS, REWRITE, NoiseRule, rewrite_records
 
     found = _passing(solutions, out, tasks, backend)
-    with Progress(console=err, transient=True) as bar:
+    with LoggedProgress(console=err, transient=True) as bar:
         job = bar.add_task("slow teacher", total=None)
         summary = rewrite_records(found, out, VerifyConfig(backend=backend), NoiseRule(min_speedup, sigmas),
                                   slow_teacher, lambda stage, i, n: bar.update(job, description=stage, completed=i,
@@ -417,7 +412,6 @@ def profile(solutions: list[Path] = typer.Option(..., help="solutions.jsonl (any
             limit: int | None = typer.Option(None, min=1, help="the first N programs only")):
     """Stage 3c: run each verified program under torch.profiler in a sandboxed process, name its bottleneck, and
     write profiling records (with the faster rewrite where `synth rewrite` kept one). Resumable."""
-    from rich.progress import Progress
 
     from musacoder.config import VerifyConfig
     from musacoder.synth.profiling import PROFILES, PROFILING, load_rewrites, profiling_records
@@ -427,7 +421,7 @@ def profile(solutions: list[Path] = typer.Option(..., help="solutions.jsonl (any
     if rewrites is not None and not (rewrites / PAIRS if rewrites.is_dir() else rewrites).is_file():
         fail(f"--rewrites {rewrites}: no {PAIRS} there (run `musacoder synth rewrite` first)")
     pairs = load_rewrites(rewrites or out)
-    with Progress(console=err, transient=True) as bar:
+    with LoggedProgress(console=err, transient=True) as bar:
         job = bar.add_task("profiling", total=len(found))
         summary = profiling_records(found, out, VerifyConfig(backend=backend), pairs, iterations, timeout,
                                     lambda stage, i, n: bar.update(job, completed=i, total=n))
@@ -495,7 +489,6 @@ def qa(out: Path = typer.Option(..., help="directory: qa.jsonl (the records), qa
     (no executable check of prose exists). Empty, truncated and refusing answers are dropped and counted. Resumable;
     exit 1 when questions are left unanswered (a failed generation), 2 when nothing could be produced."""
     from rich.markup import escape
-    from rich.progress import Progress
 
     from musacoder.synth.qa import ANSWERS, DEVICES, QA, Material, QAConfig, qa_records
     from musacoder.synth.repair import SolutionsError, load_solutions
@@ -535,7 +528,7 @@ def qa(out: Path = typer.Option(..., help="directory: qa.jsonl (the records), qa
     except (ValueError, OSError) as e:  # an unknown spec, a missing replay file or checkpoint
         fail(f"--model: {e}")
     cfg = QAConfig(per_task=per_task, seed=seed, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
-    with Progress(console=err, transient=True) as bar:
+    with LoggedProgress(console=err, transient=True) as bar:
         job = bar.add_task("asking the teacher", total=None)
         summary = qa_records(materials, out, client, model, backend, cfg,
                              lambda i, n: bar.update(job, completed=i, total=n))
