@@ -216,14 +216,7 @@ def repair(solutions: Path = typer.Option(..., help="solutions.jsonl of `synth s
         loaded = load_solutions(solutions, select_tasks(tasks), backend)
     except (SolutionsError, TaskLoadError, OSError) as e:
         fail(e)
-    for reason, count in loaded.skipped.items():
-        err.print(f"  skipped {count}: {reason}")
-    for p in loaded.problems[:10]:
-        err.print(f"  unusable: {p}")
-    if len(loaded.problems) > 10:
-        err.print(f"  ... and {len(loaded.problems) - 10} more unusable lines")
-    if not loaded.solutions:
-        fail(f"no usable solution in {solutions} (status ok, backend {backend}, a known task)")
+    _usable(loaded, str(solutions), f"status ok, backend {backend}, a known task")
     with LoggedProgress(console=err, transient=True) as bar:
         job = bar.add_task("verifying mutants", total=None)
         summary = repair_records(loaded.solutions, out, VerifyConfig(backend=backend, timing_enabled=False),
@@ -324,6 +317,19 @@ def variants(out: Path = typer.Option(..., help="JSONL of kept variants (KernelB
         err.print(f"  dropped {count}: {reason}")
 
 
+def _usable(loaded, where: str, wanted: str) -> list:
+    """Say what was skipped and which lines were unusable; `fail` when no solution is left."""
+    for reason, count in loaded.skipped.items():
+        err.print(f"  skipped {count}: {reason}")
+    for p in loaded.problems[:10]:
+        err.print(f"  unusable: {p}")
+    if len(loaded.problems) > 10:
+        err.print(f"  ... and {len(loaded.problems) - 10} more unusable lines")
+    if not loaded.solutions:
+        fail(f"no usable solution in {where} ({wanted})")
+    return loaded.solutions
+
+
 def _passing(solutions: list[Path], out: Path, tasks, backend: str):
     """The passing solutions of `backend` in the given files and in --out's own solutions.jsonl, with what was
     skipped or unusable printed; `fail` on bad input."""
@@ -340,16 +346,7 @@ def _passing(solutions: list[Path], out: Path, tasks, backend: str):
         loaded = load_passing(with_output(solutions, out), select_tasks(tasks), backend)
     except (SolutionsError, TaskLoadError, OSError) as e:
         fail(e)
-    for reason, count in loaded.skipped.items():
-        err.print(f"  skipped {count}: {reason}")
-    for p in loaded.problems[:10]:
-        err.print(f"  unusable: {p}")
-    if len(loaded.problems) > 10:
-        err.print(f"  ... and {len(loaded.problems) - 10} more unusable lines")
-    if not loaded.solutions:
-        fail(f"no usable solution in {', '.join(map(str, solutions))} (status ok with a verdict, backend {backend}, "
-             "a known task)")
-    return loaded.solutions
+    return _usable(loaded, ", ".join(map(str, solutions)), f"status ok with a verdict, backend {backend}, a known task")
 
 
 @synth_app.command("rewrite")

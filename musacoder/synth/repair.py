@@ -18,7 +18,7 @@ import hashlib
 import json
 import random
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
@@ -62,17 +62,12 @@ class Loaded:
     problems: list[str] = field(default_factory=list)  # "file:line: what" for lines that cannot be used
 
 
-def load_solutions(path: Path, tasks: Iterable[Task], backend: str) -> Loaded:
-    """The passing solutions (status ok, with code) of `backend` in a `synth solve` solutions.jsonl (or the
-    directory holding it), each with its task from `tasks` (solutions.jsonl stores only the task's key)."""
-    file = path / SOLUTIONS if path.is_dir() else path
-    if not file.is_file():
-        raise SolutionsError(f"{file} does not exist" + (" (run `musacoder synth solve` first)" if path.is_dir()
-                                                         else ""))
-    by_key = {t.key: t for t in tasks}
-    out, seen = Loaded(), set()
+def passing_records(file: Path, by_key: dict[str, Task], backend: str, out: Loaded, label: str,
+                    need_verdict: bool = False) -> Iterator[tuple[dict, str]]:
+    """(record, "label:line") of each usable passing solution in `file`: status ok, of `backend`, with code (and a
+    verdict when asked), of a task in `by_key`; every other line is counted in `out.skipped` or `out.problems`."""
     for n, line in enumerate(file.read_text(errors="replace").splitlines(), 1):  # a bad byte spoils one line
-        where = f"{file.name}:{n}"
+        where = f"{label}:{n}"
         if not line.strip():
             continue
         try:
@@ -82,17 +77,32 @@ def load_solutions(path: Path, tasks: Iterable[Task], backend: str) -> Loaded:
             continue
         if not isinstance(rec, dict) or not isinstance(rec.get("task"), str):
             out.problems.append(f"{where}: not a solution record (no 'task')")
-            continue
-        if rec.get("status") != "ok":
+        elif rec.get("status") != "ok":
             out.skipped[f"status {rec.get('status')}"] += 1
         elif rec.get("backend", backend) != backend:
             out.skipped[f"backend {rec.get('backend')}, not {backend}"] += 1
         elif not isinstance(rec.get("code"), str) or not rec["code"].strip():
             out.problems.append(f"{where}: status ok but no code")
+        elif need_verdict and not isinstance(rec.get("verdict"), dict):
+            out.problems.append(f"{where}: status ok but no verdict")
         elif rec["task"] not in by_key:
             out.problems.append(f"{where}: task {rec['task']} is not among the given tasks (pass the tasks that "
                                 "`synth solve` ran on)")
-        elif (rec["task"], rec["code"]) not in seen:
+        else:
+            yield rec, where
+
+
+def load_solutions(path: Path, tasks: Iterable[Task], backend: str) -> Loaded:
+    """The passing solutions (status ok, with code) of `backend` in a `synth solve` solutions.jsonl (or the
+    directory holding it), each with its task from `tasks` (solutions.jsonl stores only the task's key)."""
+    file = path / SOLUTIONS if path.is_dir() else path
+    if not file.is_file():
+        raise SolutionsError(f"{file} does not exist" + (" (run `musacoder synth solve` first)" if path.is_dir()
+                                                         else ""))
+    by_key = {t.key: t for t in tasks}
+    out, seen = Loaded(), set()
+    for rec, _ in passing_records(file, by_key, backend, out, file.name):
+        if (rec["task"], rec["code"]) not in seen:
             seen.add((rec["task"], rec["code"]))
             out.solutions.append((by_key[rec["task"]], rec["code"]))
     return out

@@ -40,7 +40,7 @@ from string import Template
 from musacoder.config import VerifyConfig
 from musacoder.conversation import task_messages
 from musacoder.synth.clean import with_families
-from musacoder.synth.repair import Loaded, SolutionsError
+from musacoder.synth.repair import Loaded, SolutionsError, passing_records
 from musacoder.synth.solve import SOLUTIONS
 from musacoder.synth.tasks import recorded
 from musacoder.tasks.model import Task
@@ -104,27 +104,8 @@ def load_passing(paths: Iterable[Path], tasks: Iterable[Task], backend: str) -> 
         file = path / SOLUTIONS if path.is_dir() else path
         if not file.is_file():
             raise SolutionsError(f"{file} does not exist")
-        for n, line in enumerate(file.read_text(errors="replace").splitlines(), 1):
-            where = f"{file}:{n}"
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                out.problems.append(f"{where}: not JSON")
-                continue
-            if not isinstance(rec, dict) or not isinstance(rec.get("task"), str):
-                out.problems.append(f"{where}: not a solution record (no 'task')")
-            elif rec.get("status") != "ok":
-                out.skipped[f"status {rec.get('status')}"] += 1
-            elif rec.get("backend", backend) != backend:
-                out.skipped[f"backend {rec.get('backend')}, not {backend}"] += 1
-            elif not isinstance(rec.get("code"), str) or not rec["code"].strip() \
-                    or not isinstance(rec.get("verdict"), dict):
-                out.problems.append(f"{where}: status ok but no code or verdict")
-            elif rec["task"] not in by_key:
-                out.problems.append(f"{where}: task {rec['task']} is not among the given tasks")
-            elif (rec["task"], rec["code"]) not in seen:
+        for rec, where in passing_records(file, by_key, backend, out, str(file), need_verdict=True):
+            if (rec["task"], rec["code"]) not in seen:
                 seen.add((rec["task"], rec["code"]))
                 out.solutions.append(Solution(by_key[rec["task"]], rec["code"], str(rec.get("teacher", "?")),
                                               rec["verdict"], where))
