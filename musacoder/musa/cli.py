@@ -97,16 +97,17 @@ def kernelbench(src: Path = typer.Argument(..., help="a KernelBench tree (level1
     """KernelBench -> MUSA: every task with its device code moved to MUSA (.cuda() -> .musa(), "cuda" -> "musa",
     torch.cuda.* -> torch.musa.*, import torch_musa), re-verified (loads, m2c gives the original back, reference
     outputs equal), kept or dropped with the reason."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from musacoder.musa.kernelbench import port
+    from musacoder.progress import LoggedProgress
     from musacoder.tasks import TaskLoadError
 
     if device == "auto":
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    with Progress(TextColumn("porting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    with LoggedProgress(TextColumn("porting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=err, transient=True) as bar:
         job = bar.add_task("", total=None)
         try:
