@@ -82,6 +82,77 @@ def test_inputs_unchanged():
     assert "input #0" in inputs_unchanged(a, b)
 
 
+def test_compare_in_chunks_matches_whole_and_leaves_buffers_alone(monkeypatch):
+    """The judge compares CHUNK elements at a time in float64 copies it modifies in place: the result is the
+    whole-tensor one, and neither tensor (float64 ones included, whose .double() is themselves) is touched."""
+    from musacoder.verifier import correctness
+
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(7, 13, generator=g, dtype=torch.float64)
+    o = r + 1e-3 * torch.randn(7, 13, generator=g, dtype=torch.float64)
+    o[3, 5], r[4, 1], o[4, 1] = 0.5, float("inf"), float("inf")
+    o0, r0 = o.clone(), r.clone()
+    whole, whole_rel = compare(o, r, 1e-4), compare(o, r, 1e-4, 1e-3)
+    monkeypatch.setattr(correctness, "CHUNK", 5)
+    chunked, chunked_rel = compare(o, r, 1e-4), compare(o, r, 1e-4, 1e-3)
+    assert torch.equal(o, o0) and torch.equal(r, r0)
+    assert not chunked.ok and chunked.reason == whole.reason and chunked.where == "index (3, 5)"
+    assert not chunked_rel.ok and "relative error" in chunked_rel.reason
+    assert chunked_rel.reason.split(" is over")[0] == whole_rel.reason.split(" is over")[0]
+    assert compare(r.clone(), r, 1e-4, 1e-3).ok
+    nan_late = r.clone()
+    nan_late[6, 12] = float("nan")
+    assert "NaN" in compare(nan_late, r, 1e-4).reason
+
+
+def test_inputs_unchanged_nan_aware_and_chunked(monkeypatch):
+    from musacoder.verifier import correctness
+
+    monkeypatch.setattr(correctness, "CHUNK", 4)
+    a = torch.tensor([1.0, float("nan"), 0.0, 2.0, float("inf"), 3.0, 4.0, 5.0, 6.0])
+    assert inputs_unchanged([a], [a.clone()]) is None  # NaN where it was: unchanged
+    for i, v in [(2, float("nan")), (4, torch.finfo(torch.float32).max), (8, 6.5)]:
+        b = a.clone()
+        b[i] = v
+        assert "input #0" in inputs_unchanged([a], [b]), (i, v)  # 0 -> NaN and inf -> max were missed before
+    assert "input #1" in inputs_unchanged([1, torch.arange(9)], [1, torch.arange(9).flip(0)])
+
+
+@pytest.mark.parametrize("transform, precision", [("", "fp32"), ("scale8", "fp32"), ("", "fp16"), ("sign", "fp32")])
+def test_fill_inputs_writes_make_inputs_values_in_slices(monkeypatch, transform, precision):
+    from musacoder.verifier import inputs as inp
+
+    mod = type("M", (), {"get_inputs": staticmethod(lambda: [torch.randn(6, 5), 3, torch.randn(5, 6).t()])})
+    cpu = torch.device("cpu")
+    want = inp.make_inputs(mod, inp.Shape(), 11, cpu, precision, transform)
+    monkeypatch.setattr(inp, "FILL_CHUNK", 7)
+    raw = inp.raw_inputs(mod, inp.Shape(), 11, cpu)
+    dst = [torch.empty(6, 5, dtype=want[0].dtype), 3, torch.empty(6, 5, dtype=want[2].dtype)]
+    inp.fill_inputs(dst, raw, 11, cpu, precision, transform)
+    for d, w in [(dst[0], want[0]), (dst[2], want[2])]:
+        if transform == "sign":  # signs are drawn slice by slice: the same magnitudes, random signs
+            assert torch.equal(d.abs(), w.abs())
+        else:
+            assert torch.equal(d, w)
+
+
+def test_prefix_view_and_poison(tmp_path):
+    from musacoder.verifier import buffers
+
+    t, ref = buffers.alloc([4, 6], torch.float32, torch.device("cpu"), tmp_path)
+    v, vref = buffers.prefix_view(t, ref, [2, 5], torch.float32)
+    assert vref.path == ref.path and vref.shape == [2, 5] and v.data_ptr() == t.data_ptr()
+    buffers.open_ref(vref).copy_(torch.arange(10.0).view(2, 5))  # a subject writing the smaller shape
+    assert torch.equal(t.view(-1)[:10], torch.arange(10.0))
+    assert buffers.prefix_view(t, ref, [5, 5], torch.float32) is None  # does not fit
+    assert buffers.prefix_view(t, ref, [2, 2], torch.float64) is None  # another dtype
+    buffers.poison(t, 1)
+    assert bool(t.isnan().all())
+    n, nref = buffers.alloc([1000], torch.int64, torch.device("cpu"), tmp_path)
+    buffers.poison(n, 2)
+    assert int((n != 0).sum()) > 990
+
+
 @pytest.mark.parametrize("status, q, nu, expected", [
     (Status.OK, 1.0, 3.0, 2.0),  # 1 + 0.5 * min(2, 4)
     (Status.OK, 1.0, 20.0, 3.0),  # capped at nu_max = 4

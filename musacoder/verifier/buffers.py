@@ -20,14 +20,10 @@ from pathlib import Path
 import torch
 
 from musacoder.verifier.protocol import TensorRef
+from musacoder.verifier.sandbox import shm_root
 
 DTYPE_NAMES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
                                    torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64)}
-
-
-def shm_root() -> Path:
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
 def new_dir(prefix: str, shared_memory: bool = True) -> Path:
@@ -71,6 +67,40 @@ def alloc(shape, dtype: torch.dtype, device: torch.device, directory: Path) -> t
 
     _, args = reduce_tensor(t)
     return t, TensorRef(kind="cuda", shape=shape, dtype=str(dtype), ipc=[_enc(a) for a in args])
+
+
+def prefix_view(t: torch.Tensor, ref: TensorRef, shape, dtype: torch.dtype) -> tuple[torch.Tensor, TensorRef] | None:
+    """A buffer of `shape` in the first elements of buffer `t` (same dtype, contiguous), and its reference: the same
+    file or the same CUDA IPC share (no new share, no new consumer count), opened with another shape. None when it does
+    not fit. A smaller shape variant reuses the task shape's buffers this way instead of holding its own."""
+    shape = [int(x) for x in shape]
+    n = 1
+    for x in shape:
+        n *= x
+    if dtype != t.dtype or not t.is_contiguous() or n > t.numel() or n == 0:
+        return None
+    v = t.reshape(-1)[:n].view(shape)
+    if ref.kind == "shm":
+        return v, TensorRef(kind="shm", shape=shape, dtype=ref.dtype, path=ref.path)
+    ipc = list(ref.ipc)
+    strides, acc = [], 1
+    for x in reversed(shape):
+        strides.append(acc)
+        acc *= x
+    ipc[1], ipc[2] = shape, strides[::-1]  # rebuild_cuda_tensor's size and stride; offset and storage as before
+    return v, TensorRef(kind="cuda", shape=shape, dtype=ref.dtype, ipc=ipc)
+
+
+def poison(t: torch.Tensor, seed: int) -> None:
+    """Overwrite a judge-owned output buffer before a subject writes it: NaN for floats, random bits from `seed` (a
+    secret) otherwise, so a subject that writes nothing leaves values that match no reference and no previous run."""
+    if t.numel() == 0:
+        return
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    else:
+        gen = torch.Generator(device=t.device).manual_seed(seed)
+        t.random_(0, 2, generator=gen) if t.dtype == torch.bool else t.random_(generator=gen)
 
 
 # torch's CUDA IPC counter file (RefcountedMapAllocator): a 64-byte header, then CUDA_IPC_REF_COUNTER_FILE_SIZE

@@ -92,30 +92,62 @@ def tensor_bytes(obj) -> int:
     return total
 
 
-def make_inputs(module, shape: Shape, seed: int, device: torch.device, precision: str, transform: str = "") -> list:
-    """Run the task's get_inputs under the device (so tensors are born there), seeded; optional float variant."""
+def raw_inputs(module, shape: Shape, seed: int, device: torch.device) -> list:
+    """The task's get_inputs run under the device (so tensors are born there), seeded."""
     old = shape.apply(module)
     try:
         torch.manual_seed(seed)
         with torch.device(device):
-            inputs = list(module.get_inputs())
+            return list(module.get_inputs())
     finally:
         for k, v in old.items():
             setattr(module, k, v)
+
+
+def _prep(t: torch.Tensor, device, dtype, transform: str, gen) -> torch.Tensor:
+    """One tensor (or a slice of one) as a trial gets it: on the device, the float variant applied, in `dtype`."""
+    t = t.to(device)
+    if not t.is_floating_point():
+        return t
+    if transform == "sign":
+        t = t * (torch.randint(0, 2, t.shape, generator=gen, device=device, dtype=t.dtype) * 2 - 1)
+    elif transform.startswith("scale"):
+        t = t * float(transform[5:])
+    return t.to(dtype)
+
+
+def make_inputs(module, shape: Shape, seed: int, device: torch.device, precision: str, transform: str = "") -> list:
+    """Run the task's get_inputs under the device (so tensors are born there), seeded; optional float variant."""
+    inputs = raw_inputs(module, shape, seed, device)
     dtype = DTYPES[precision]
     gen = torch.Generator(device=device).manual_seed(seed + 7919)
+    return [_map(x, lambda t: _prep(t, device, dtype, transform, gen)) for x in inputs]
 
-    def prep(t: torch.Tensor) -> torch.Tensor:
-        t = t.to(device)
-        if not t.is_floating_point():
-            return t
-        if transform == "sign":
-            t = t * (torch.randint(0, 2, t.shape, generator=gen, device=device, dtype=t.dtype) * 2 - 1)
-        elif transform.startswith("scale"):
-            t = t * float(transform[5:])
-        return t.to(dtype)
 
-    return [_map(x, prep) for x in inputs]
+FILL_CHUNK = 1 << 20  # elements prepared at a time by fill_inputs
+
+
+def fill_inputs(dst: list, inputs: list, seed: int, device: torch.device, precision: str, transform: str = ""):
+    """make_inputs' values of `inputs` (raw_inputs' result) written into the judge's buffers `dst` (the top-level
+    tensors; other entries are left alone), a slice at a time: no full-size copy of an input is ever made besides
+    the buffer itself. The float variants draw their random signs slice by slice from the same seeded generator."""
+    dtype = DTYPES[precision]
+    gen = torch.Generator(device=device).manual_seed(seed + 7919)
+    for d, x in zip(dst, inputs):
+        if not isinstance(d, torch.Tensor):
+            continue
+        if tuple(x.shape) != tuple(d.shape):
+            raise ValueError(f"input of shape {tuple(x.shape)} for a buffer of shape {tuple(d.shape)}")
+        if x.dim() == 0 or x.numel() <= FILL_CHUNK:
+            d.copy_(_prep(x, device, dtype, transform, gen))
+        elif x.is_contiguous() and d.is_contiguous():
+            xf, df = x.view(-1), d.view(-1)
+            for s in range(0, xf.numel(), FILL_CHUNK):
+                df[s:s + FILL_CHUNK].copy_(_prep(xf[s:s + FILL_CHUNK], device, dtype, transform, gen))
+        else:  # strided (a task's get_inputs returned a transposed view): slices of the first dimension
+            step = max(1, FILL_CHUNK // max(1, x[0].numel()))
+            for s in range(0, x.shape[0], step):
+                d[s:s + step].copy_(_prep(x[s:s + step], device, dtype, transform, gen))
 
 
 def init_inputs(module, shape: Shape) -> list:

@@ -24,9 +24,19 @@ import torch
 from musacoder.config import VerifyConfig
 from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout, _descendants
 from musacoder.verifier import buffers, legality
+from musacoder.verifier.buffers import DTYPE_NAMES
 from musacoder.verifier.build import Builder
-from musacoder.verifier.correctness import compare, inputs_unchanged, spot_compare
-from musacoder.verifier.inputs import Shape, clone_tree, load_module, make_inputs, scaled_constants, tensor_bytes
+from musacoder.verifier.correctness import Comparison, all_finite, compare, inputs_unchanged, spot_compare
+from musacoder.verifier.inputs import (
+    DTYPES,
+    Shape,
+    clone_tree,
+    fill_inputs,
+    load_module,
+    raw_inputs,
+    scaled_constants,
+    tensor_bytes,
+)
 from musacoder.verifier.protocol import (
     BuildReply,
     EvaluateJob,
@@ -35,6 +45,7 @@ from musacoder.verifier.protocol import (
     PrebuildJob,
     SubjectCommand,
     SubjectReply,
+    TensorRef,
     Timing,
     Trial,
 )
@@ -300,17 +311,21 @@ class _Run:
         self.weight_seed = self.rng.randrange(1, 2**31)
         self.base = None
         built: dict[str, bool] = {}  # shape key -> the candidate's model was built
-        bufs: dict[str, dict] = {}  # shape key -> buffers, allocated once and refilled by later trials
+        # shape key -> buffers, allocated once and refilled by later trials; a shape variant's are views of the task
+        # shape's where they fit (buffers.prefix_view), so the judge holds one set of buffers whatever the trials
+        bufs: dict[str, dict] = {}
         for i, (kind, shape, seed, transform) in enumerate(self.plan()):
             base_trial = kind == "seed"
             try:
-                inputs = make_inputs(self.task, shape, seed, self.j.device, cfg.precision, transform)
+                raw = raw_inputs(self.task, shape, seed, self.j.device)
+                layout = _layout(raw, cfg.precision)
                 b = bufs.get(shape.key)
-                if b is None or not _same_layout(b["shared"], inputs):
-                    b = bufs[shape.key] = self.buffers_for(shape, inputs)
+                if b is None or not _same_layout(b["layout"], layout):
+                    within = bufs.get(Shape().key) if shape.overrides else None
+                    b = bufs[shape.key] = self.buffers_for(shape, raw, layout, seed, transform, within)
                 else:
-                    _refill(b["shared"], inputs, self.j.backend)
-                del inputs
+                    self.fill(b, raw, seed, transform)
+                del raw  # the task's own tensors: only the judge's buffers stay
                 r = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in"], outputs=b["ref_refs"]))
                 if not r.ok:
                     raise RuntimeError(r.error)
@@ -338,27 +353,37 @@ class _Run:
                 continue
             pristine = clone_tree(b["shared"])
             try:
-                res = self.run_candidate(shape, b, ref_vals, tol, rel, trial)
+                r = self.call_candidate(shape, b, trial)
             except WorkerDied as e:  # this trial crashed it (a bound hard-coded for another shape): a failed trial
                 trial.error = trial.reason = f"the candidate crashed its process: {str(e)[:300]}"
                 return True  # the trials run so far stand; nothing more can run
-            if res is None:
+            # checked before the comparison, so the copy is gone before the comparison's temporaries exist
+            changed = inputs_unchanged(pristine, b["shared"]) if r is not None else None
+            del pristine
+            if r is None:
                 if f.fatal:
                     return False
                 continue
-            if res.ok:
-                changed = inputs_unchanged(pristine, b["shared"])
-                if changed:
-                    res.ok, res.reason = False, changed
+            res = self.check(r, b, ref_vals, tol, rel)
+            if res.ok and changed:
+                res.ok, res.reason = False, changed
             if res.ok and i == 0:
-                first = clone_tree(b["cand_out"])
-                _refill(b["shared"], pristine, self.j.backend)
-                again = self.run_candidate(shape, b, first, tol, None, trial)
-                if again is not None and not again.ok:
-                    res.ok, res.reason = False, "two runs on the same inputs disagree: " + again.reason
+                # Determinism: the same inputs again (unchanged: checked above), against the first run's output. The
+                # judge keeps that output in the reference's output buffer, whose values are compared already and
+                # which the candidate cannot map; its own buffer is poisoned again before the second run.
+                for o, kept in zip(b["cand_out"], b["ref_out"]):
+                    if kept is not None:
+                        kept.copy_(o)
+                first = _fill_values(b["ref_out"], r.spec)
+                again = self.call_candidate(shape, b, trial)
+                if again is None:  # raising instead of answering must not skip the check
+                    res.ok, res.reason = False, "the second run on the same inputs raised: " + trial.reason
+                else:
+                    again = self.check(again, b, first, tol, None)
+                    if not again.ok:
+                        res.ok, res.reason = False, "two runs on the same inputs disagree: " + again.reason
                 del first
                 self.base = {"key": shape.key, **b}
-            del pristine
             trial.passed, trial.reason = res.ok, res.reason
             trial.max_abs, trial.mean_abs, trial.where = res.max_abs, res.mean_abs, res.where
         if not f.trials:
@@ -366,66 +391,94 @@ class _Run:
             return False
         return True
 
-    def buffers_for(self, shape: Shape, inputs: list) -> dict:
-        """Input and output buffers of one shape: the reference builds its model and reports its output's layout."""
+    def buffers_for(self, shape: Shape, raw: list, layout: list, seed: int, transform: str,
+                    within: dict | None) -> dict:
+        """Input and output buffers of one shape, filled with `raw`'s trial values: the reference builds its model and
+        reports its output's layout. `within`: the task shape's buffers, whose first elements hold this shape's where
+        they fit (same dtype, no more elements); anything that does not fit gets a buffer of its own."""
         r = self.rcall(self._model_cmd(shape))
         if not r.ok:
             raise RuntimeError(r.error)
-        shared, in_refs = self.share_inputs(inputs)
+        shared, in_refs = self.share_inputs(layout, within)
+        b = {"shared": shared, "in": in_refs, "layout": layout}
+        self.fill(b, raw, seed, transform)
         spec = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=in_refs))
         if not spec.ok:
             raise RuntimeError(spec.error)
-        ref_out, ref_refs = self.alloc_outputs(spec.spec, self.j.dir)
-        cand_out, cand_refs = self.alloc_outputs(spec.spec, self.cand.private)
-        return {"shared": shared, "in": in_refs, "spec": spec.spec, "ref_out": ref_out, "ref_refs": ref_refs,
-                "cand_out": cand_out, "cand_refs": cand_refs}
+        ref_out, ref_refs = self.alloc_outputs(spec.spec, self.j.dir,
+                                               None if within is None else (within["ref_out"], within["ref_refs"]))
+        cand_out, cand_refs = self.alloc_outputs(spec.spec, self.cand.private,
+                                                 None if within is None else (within["cand_out"], within["cand_refs"]))
+        return {**b, "spec": spec.spec, "ref_out": ref_out, "ref_refs": ref_refs, "cand_out": cand_out,
+                "cand_refs": cand_refs}
+
+    def fill(self, b: dict, raw: list, seed: int, transform: str = ""):
+        """A trial's input values (raw_inputs' tensors, the float variant applied, in the precision) written into the
+        shared buffers a slice at a time; then wait for the copy: the subjects read them from other processes, which no
+        stream orders after this one (unsynchronised, they saw the previous trial's inputs on large tensors)."""
+        fill_inputs(b["shared"], raw, seed, self.j.device, self.cfg.precision, transform)
+        self.j.backend.synchronize()
 
     def _model_cmd(self, shape: Shape) -> SubjectCommand:
         return SubjectCommand(op="build_model", shape_key=shape.key, overrides=shape.overrides,
                               weight_seed=self.weight_seed, precision=self.cfg.precision)
 
-    def run_candidate(self, shape, b: dict, expected, tol, rel, trial):
-        """One candidate forward into its output buffers, compared with `expected`; None when it raised."""
-        spec, cand_out = b["spec"], b["cand_out"]
+    def poison_outputs(self, b: dict):
+        """The candidate's output buffers overwritten (NaN, or random bits) and the device synchronised before it runs:
+        a candidate that writes nothing finds nothing of a previous run there."""
+        for t in b["cand_out"]:
+            if t is not None:
+                buffers.poison(t, self.rng.randrange(1, 2**31))
+        self.j.backend.synchronize()
+
+    def call_candidate(self, shape, b: dict, trial) -> SubjectReply | None:
+        """One candidate forward into its (poisoned) output buffers; None when it raised."""
+        self.poison_outputs(b)
         r = self.ccall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in"], outputs=b["cand_refs"],
-                                      poison_bytes=tensor_bytes(cand_out)))
+                                      poison_bytes=tensor_bytes(b["cand_out"])))
         if not r.ok:
             trial.error, trial.reason = r.error, _last_line(r.error)
             self.f.fatal = self.f.fatal or r.fatal
             return None
-        problem = _spec_problem(r.spec, spec)
-        if problem:
-            from musacoder.verifier.correctness import Comparison
+        return r
 
+    def check(self, r: SubjectReply, b: dict, expected, tol, rel) -> Comparison:
+        """The candidate's reported output structure, then its values in the judge's buffers, against `expected`."""
+        problem = _spec_problem(r.spec, b["spec"])
+        if problem:
             return Comparison(False, problem)
-        got = _fill_values(cand_out, r.spec)
+        got = _fill_values(b["cand_out"], r.spec)
         if len(got) == 1:  # one output: report it as `out`, not `out[0]`
             return compare(got[0], expected[0], tol, rel)
         return compare(got, expected, tol, rel)
 
-    def share_inputs(self, inputs: list):
-        """Copy inputs into buffers in the candidate's directory; both subjects map them."""
+    def share_inputs(self, layout: list, within: dict | None = None):
+        """Buffers for the inputs in the candidate's directory (both subjects map them), or views of `within`'s."""
         shared, refs = [], []
-        for x in inputs:
-            if isinstance(x, torch.Tensor):
-                t, ref = buffers.alloc(x.shape, x.dtype, self.j.device, self.cand.private)
-                t.copy_(x)
+        for k, entry in enumerate(layout):
+            if entry[0] == "tensor":
+                _, shp, dtype = entry
+                got = None
+                if within is not None and k < len(within["shared"]) and isinstance(within["shared"][k], torch.Tensor):
+                    got = buffers.prefix_view(within["shared"][k], TensorRef.model_validate(within["in"][k]), shp,
+                                              dtype)
+                t, ref = got or buffers.alloc(shp, dtype, self.j.device, self.cand.private)
                 shared.append(t)
                 refs.append(ref.model_dump())
                 self.keep.append((t, ref))
             else:
-                shared.append(x)
-                refs.append(x)
-        self.j.backend.synchronize()
+                shared.append(entry[1])
+                refs.append(entry[1])
         return shared, refs
 
-    def alloc_outputs(self, spec: OutputSpec, directory: Path):
+    def alloc_outputs(self, spec: OutputSpec, directory: Path, within: tuple | None = None):
         outs, refs = [], []
-        for leaf in spec.leaves:
+        for k, leaf in enumerate(spec.leaves):
             if leaf["tensor"]:
-                from musacoder.verifier.buffers import DTYPE_NAMES
-
-                t, ref = buffers.alloc(leaf["shape"], DTYPE_NAMES[leaf["dtype"]], self.j.device, directory)
+                got = None
+                if within is not None and k < len(within[0]) and within[0][k] is not None:
+                    got = buffers.prefix_view(within[0][k], within[1][k], leaf["shape"], DTYPE_NAMES[leaf["dtype"]])
+                t, ref = got or buffers.alloc(leaf["shape"], DTYPE_NAMES[leaf["dtype"]], self.j.device, directory)
                 outs.append(t)
                 refs.append(ref)
                 self.keep.append((t, ref))
@@ -453,8 +506,11 @@ class _Run:
         i = 0
         try:
             while True:
-                fresh = make_inputs(self.task, Shape(), self.rng.randrange(1, 2**31), self.j.device, cfg.precision)
-                _refill(b["shared"], fresh, backend)
+                seed = self.rng.randrange(1, 2**31)
+                fresh = raw_inputs(self.task, Shape(), seed, self.j.device)
+                self.fill(b, fresh, seed)
+                del fresh  # before the next iteration's are generated
+                self.poison_outputs(b)  # a stale output (or none) fails the spot check below
                 arms = [("ref", ref_ms), ("cand", cand_ms)] + ([("comp", comp_ms)] if compiled else [])
                 for arm, samples in arms:
                     if tc.l2_flush:
@@ -592,24 +648,20 @@ def _spec_problem(got: OutputSpec | None, want: OutputSpec) -> str:
     return ""
 
 
-def _same_layout(shared: list, inputs: list) -> bool:
-    return len(shared) == len(inputs) and all(
-        (a.shape, a.dtype) == (b.shape, b.dtype) if isinstance(a, torch.Tensor) else a == b
-        for a, b in zip(shared, inputs))
+def _layout(raw: list, precision: str) -> list:
+    """What a trial's buffers must hold: ("tensor", shape, dtype) for each top-level tensor (floats in the run's
+    precision), ("value", x) for anything else (passed as it is)."""
+    return [("tensor", tuple(x.shape), DTYPES[precision] if x.is_floating_point() else x.dtype)
+            if isinstance(x, torch.Tensor) else ("value", x) for x in raw]
+
+
+def _same_layout(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x[0] == y[0] and (x == y if x[0] == "tensor" else bool(x[1] == y[1]))
+                                    for x, y in zip(a, b))
 
 
 def _finite(vals) -> bool:
-    return all(not isinstance(v, torch.Tensor) or not v.is_floating_point() or bool(torch.isfinite(v).all())
-               for v in vals)
-
-
-def _refill(dst: list, src: list, backend):
-    """Copy fresh values into shared buffers and wait for the copy: the subjects read them from other processes,
-    which no stream orders after this one (unsynchronised, they saw the previous trial's inputs on large tensors)."""
-    for d, s in zip(dst, src):
-        if isinstance(d, torch.Tensor):
-            d.copy_(s)
-    backend.synchronize()
+    return all(not isinstance(v, torch.Tensor) or not v.is_floating_point() or all_finite(v) for v in vals)
 
 
 def _spot(b: dict, tol: float, rng: random.Random) -> str:

@@ -1,12 +1,23 @@
 """Filesystem sandbox of a candidate process: Linux Landlock (unprivileged, kernel >= 5.13) through the `landlock`
 library. The process may read what it needs (Python, torch, its built libraries) but write only its private
 directory and the device nodes; the verifier's caches, other jobs' buffers and the judge's files are out of reach.
+It cannot list the shared-memory root where the judges' buffer directories live: buffer files have secret names,
+and a listing is how a candidate found the reference's output buffer and returned it as its own.
 Applied first thing in the process, before any thread exists (Landlock binds the calling thread and its future
 children only). Without Landlock (older kernels, other systems) the process runs unsandboxed and says so."""
 
 from __future__ import annotations
 
 import glob
+import os
+import tempfile
+from pathlib import Path
+
+
+def shm_root() -> Path:
+    """Where the judges' buffer directories live (as files on the cpu)."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
 def restrict_writes(private_dir: str, also: list[str] = ()) -> str:
@@ -17,12 +28,17 @@ def restrict_writes(private_dir: str, also: list[str] = ()) -> str:
         abi = landlock_abi_version()
     except Exception as e:  # no library, no kernel support
         return f"none ({type(e).__name__}: {str(e)[:80]})"
-    # reads and execution stay open; ioctl on devices too (CUDA drives the GPU through ioctl on /dev/nvidia*)
-    handled = FSAccess.all() & ~(FSAccess.READ_FILE | FSAccess.READ_DIR | FSAccess.EXECUTE)
+    # reads of files and execution stay open; ioctl on devices too (CUDA drives the GPU through ioctl on /dev/nvidia*)
+    handled = FSAccess.all() & ~(FSAccess.READ_FILE | FSAccess.EXECUTE)
     if abi >= 5:
         handled &= ~FSAccess.IOCTL_DEV
     rs = Ruleset(restrict_rules=handled)
     rs.allow(private_dir, *also)
+    for d in _listable_beside(shm_root()):
+        try:
+            rs.allow(d, rules=FSAccess.READ_DIR)
+        except Exception:  # vanished, or not something a rule can be put on
+            pass
     file_rights = handled & FSAccess.all_file()
     for dev in ["/dev/null", "/dev/zero", "/dev/full", *glob.glob("/dev/nvidia*"), *glob.glob("/dev/mtgpu*")]:
         try:
@@ -30,4 +46,20 @@ def restrict_writes(private_dir: str, also: list[str] = ()) -> str:
         except Exception:
             pass
     rs.apply()
-    return f"landlock abi {abi}: writes only to its private directory" + "".join(f" and {d}" for d in also)
+    return (f"landlock abi {abi}: writes only to its private directory" + "".join(f" and {d}" for d in also)
+            + f"; cannot list {shm_root()}")
+
+
+def _listable_beside(hidden: Path) -> list[str]:
+    """Directories whose listing stays allowed: every directory beside each step of the path to `hidden` (a Landlock
+    rule covers everything beneath its directory, so `hidden` is left out by allowing only its siblings)."""
+    hidden = hidden.resolve()
+    out = []
+    for parent, step in zip([hidden, *hidden.parents][::-1], [*hidden.parts[1:], None]):
+        if step is None:
+            break
+        try:
+            out += [str(e) for e in parent.iterdir() if e.name != step and e.is_dir()]
+        except OSError:
+            pass
+    return out

@@ -176,7 +176,7 @@ class Subject:
     def _open(self, ref):
         from musacoder.verifier.buffers import open_ref
 
-        key = ref.path or repr(ref.ipc)
+        key = _key(ref)
         if key not in self.opened:
             self.opened[key] = open_ref(ref)
         return key, self.opened[key]
@@ -201,8 +201,10 @@ class Subject:
 
     def _unstage(self, cmd) -> None:
         """Device copies of this command's inputs back into the judge's buffers: in-place changes stay visible."""
+        from musacoder.verifier.protocol import TensorRef
+
         for a in cmd.inputs:
-            key = a.get("path") if isinstance(a, dict) else None
+            key = _key(TensorRef.model_validate(a)) if isinstance(a, dict) and "kind" in a else None
             if key in self.staged:
                 self.opened[key].copy_(self.staged[key])
 
@@ -254,6 +256,12 @@ class Subject:
                             launch_names=sorted(self.counter.names),
                             error="" if not integrity else "harness functions replaced: " + ", ".join(integrity),
                             ok=not integrity, kind="integrity" if integrity else "")
+
+
+def _key(ref) -> str:
+    """One opened tensor per buffer and shape: a smaller shape variant opens a prefix of the same file (or CUDA IPC
+    share) with its own shape (buffers.prefix_view)."""
+    return f"{ref.path}:{ref.shape}:{ref.dtype}" if ref.kind == "shm" else repr(ref.ipc)
 
 
 def _leaves(obj):
