@@ -317,15 +317,16 @@ def variants(out: Path = typer.Option(..., help="JSONL of kept variants (KernelB
         err.print(f"  dropped {count}: {reason}")
 
 
-def _usable(loaded, where: str, wanted: str) -> list:
-    """Say what was skipped and which lines were unusable; `fail` when no solution is left."""
+def _usable(loaded, where: str, wanted: str, *, required: bool = True, unit: str = "") -> list:
+    """Say what was skipped (counted in `unit`) and which lines were unusable; `fail` when no solution is left and
+    one is `required`."""
     for reason, count in loaded.skipped.items():
-        err.print(f"  skipped {count}: {reason}")
+        err.print(f"  skipped {count}{unit}: {reason}")
     for p in loaded.problems[:10]:
         err.print(f"  unusable: {p}")
     if len(loaded.problems) > 10:
         err.print(f"  ... and {len(loaded.problems) - 10} more unusable lines")
-    if not loaded.solutions:
+    if required and not loaded.solutions:
         fail(f"no usable solution in {where} ({wanted})")
     return loaded.solutions
 
@@ -506,17 +507,14 @@ def qa(out: Path = typer.Option(..., help="directory: qa.jsonl (the records), qa
     materials = [Material(t) for t in found] if task_questions else []
     if loaded is not None:
         keys = {t.key for t in found}
-        for reason, count in loaded.skipped.items():
-            err.print(f"  skipped {count} solutions: {reason}")
-        for p in loaded.problems[:10]:
-            err.print(f"  unusable: {p}")
-        if len(loaded.problems) > 10:
-            err.print(f"  ... and {len(loaded.problems) - 10} more unusable lines")
-        chosen = [Material(t, code) for t, code in loaded.solutions if t.key in keys]
-        if len(chosen) < len(loaded.solutions):
-            err.print(f"  skipped {len(loaded.solutions) - len(chosen)} solutions: task not selected")
+        wanted = f"status ok, backend {backend}, a selected task"
+        # not required here: the task filter below may still leave none, and the task questions need no solution
+        usable = _usable(loaded, str(solutions), wanted, required=False, unit=" solutions")
+        chosen = [Material(t, code) for t, code in usable if t.key in keys]
+        if len(chosen) < len(usable):
+            err.print(f"  skipped {len(usable) - len(chosen)} solutions: task not selected")
         if not chosen and not task_questions:
-            fail(f"no usable solution in {solutions} (status ok, backend {backend}, a selected task)")
+            fail(f"no usable solution in {solutions} ({wanted})")
         materials += chosen
     from musacoder.bench.clients import make_client
 
