@@ -35,8 +35,11 @@ def main(argv=None):
     from musacoder.backends import get_backend
     from musacoder.verifier.judge import Judge
     from musacoder.verifier.protocol import EvaluateJob, PrebuildJob
+    from musacoder.verifier.sandbox import hide_process
 
     backend = get_backend(args.backend)
+    if args.role == "device":  # the judge's /proc entry names its buffers: out of a candidate's reach
+        hide_process()
     judge = Judge(backend, Path(args.cache), use_device=args.role == "device")
     hello = {"type": "hello", "pid": os.getpid(), "role": args.role}
     if args.role != "compile":

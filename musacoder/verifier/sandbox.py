@@ -4,10 +4,16 @@ directory and the device nodes; the verifier's caches, other jobs' buffers and t
 It cannot list the shared-memory root where the judges' buffer directories live: buffer files have secret names,
 and a listing is how a candidate found the reference's output buffer and returned it as its own.
 Applied first thing in the process, before any thread exists (Landlock binds the calling thread and its future
-children only). Without Landlock (older kernels, other systems) the process runs unsandboxed and says so."""
+children only). Without Landlock (older kernels, other systems) the process runs unsandboxed and says so.
+
+Landlock still lets a sandboxed process read another process's /proc/PID/maps, fd/ and environ (Linux 6.18): the
+judge's memory map named the reference's output buffer file, and a candidate returned it as its own. So the judge
+and the reference subject make themselves non-dumpable (`hide_process`) and the candidate drops every capability:
+reading a non-dumpable process's /proc entries then needs CAP_SYS_PTRACE, which it no longer has, even as root."""
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import tempfile
@@ -46,8 +52,31 @@ def restrict_writes(private_dir: str, also: list[str] = ()) -> str:
         except Exception:
             pass
     rs.apply()
+    caps = drop_capabilities()
     return (f"landlock abi {abi}: writes only to its private directory" + "".join(f" and {d}" for d in also)
-            + f"; cannot list {shm_root()}")
+            + f"; cannot list {shm_root()}; {caps}")
+
+
+_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _CAP_VERSION_3 = 4, 24, 0x20080522
+
+
+def hide_process() -> None:
+    """Make this process's /proc entries (memory map, open files, environment) unreadable to processes without
+    CAP_SYS_PTRACE. Also disables core dumps of this process."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def drop_capabilities() -> str:
+    """Drop every capability of this process for good (bounding set, then effective/permitted/inheritable):
+    a root candidate could otherwise read the judge's /proc entries through CAP_SYS_PTRACE."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(64):  # past the last capability the kernel knows, prctl fails with EINVAL: harmless
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable} words, all zero
+    if libc.capset(header, data) != 0:
+        return f"capabilities kept (capset failed: errno {ctypes.get_errno()})"
+    return "no capabilities"
 
 
 def _listable_beside(hidden: Path) -> list[str]:

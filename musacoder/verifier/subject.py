@@ -32,11 +32,13 @@ def main(argv=None):
     if cpus and hasattr(os, "sched_setaffinity"):  # both subjects pinned to the same cores: timings comparable
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     sandbox = "none (trusted subject)"
-    if args.sandbox:  # before any import can start a thread
-        from musacoder.verifier.sandbox import restrict_writes
+    from musacoder.verifier.sandbox import hide_process, restrict_writes
 
+    if args.sandbox:  # before any import can start a thread
         # realpath: /proc/self names this process's own entry only once resolved here
         sandbox = restrict_writes(args.private, [os.path.realpath(p) for p in args.writable])
+    else:  # the reference maps the judge's buffers: their paths must not be readable in its /proc entry
+        hide_process()
     conn = Connection(args.fd)
     from musacoder.pool.worker import adopt_orphans_and_follow_parent
 
