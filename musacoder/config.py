@@ -41,6 +41,9 @@ class TimingConfig(Settings):
     l2_flush: bool = True
     baselines: tuple[str, ...] = ("eager", "compile")
     sol_margin: float = 0.5  # flag a candidate faster than this fraction of the speed-of-light time
+    # judges sharing a device (devices=[0, 0]) time one at a time, the others' device work paused meanwhile;
+    # off: more throughput, and speedups disturbed by the other judges' kernels
+    exclusive: bool = True
 
 
 @dataclass
@@ -64,7 +67,8 @@ class VerifyConfig(Settings):
     run_timeout_s: float = 300.0
     worker_max_jobs: int = 64  # recycle a device worker after this many jobs
     # The GPUs the device workers run on, one worker per entry, as indices among the visible devices: [1] keeps the
-    # verifier off an RL policy on GPU 0; [0, 0] runs two judges on one GPU (a judge keeps its GPU ~11% busy).
+    # verifier off an RL policy on GPU 0; [0, 0] runs two judges on one GPU (a judge keeps its GPU ~11% busy; they
+    # time one at a time: timing.exclusive).
     # Empty: one worker on each visible device.
     devices: tuple[int, ...] = ()
     # Address-space cap of cpu-backend workers, in GiB (0: none). CUDA workers are not capped this way: the driver

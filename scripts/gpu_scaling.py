@@ -1,18 +1,25 @@
-"""Verifier scaling over the GPUs of one host: the same batch of build-cached candidates verified with 1..N device
-workers. Reports throughput, each GPU's busy share (the pool's own busy seconds and NVML's kernel-activity samples),
-and whether every candidate got the same verdict at every GPU count.
+"""Verifier scaling over the GPUs of one host: the same batch of build-cached candidates verified with several
+layouts of device workers (judges): GPUs x judges per GPU, judges sharing a GPU timing one at a time or not.
+Reports throughput, each judge's busy share (the pool's own busy seconds) and each GPU's NVML kernel activity,
+whether every candidate got the same verdict in every layout, and how far each candidate's speedup moved from
+the first layout's (the truth cost of sharing a GPU).
 
 Candidates are the shipped CUDA examples (honest kernels and exploits, KernelBench level-1/2 tasks at their
-KernelBench sizes), repeated: the pool caches builds, never verdicts, so a repeat is a full verification. A first
-pass builds everything (cold, all GPUs) and is reported too.
+KernelBench sizes), repeated: the pool caches builds, never verdicts, so a repeat is a full verification; or the
+`ok` solutions of a `musacoder synth solve` run (`--solutions`, with the tasks file it solved). A first pass builds
+everything (cold, the last layout) and is reported too.
 
-    python scripts/gpu_scaling.py --gpus 1,2 --repeats 8 --out scaling.json --plot scaling.png
+    python scripts/gpu_scaling.py --layouts 1x1,2x1 --repeats 8 --out scaling.json --plot scaling.png
+    python scripts/gpu_scaling.py --backend triton --solutions triton/solutions.jsonl --tasks clean/tasks.jsonl \
+        --limit 16 --repeats 1 --layouts 1x1,1x4,1x4-shared-timing,2x4
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import tempfile
 import threading
 import time
@@ -54,12 +61,38 @@ class NvmlSampler:
         return [round(sum(s) / len(s) / 100, 3) for s in self.samples if s]
 
 
-def batch(repeats: int):
-    examples = load_catalog("cuda")
-    return [(builtin_task(e.task), e.path.read_text()) for _ in range(repeats) for e in examples], examples
+def batch(args):
+    """-> (jobs, names): the batch, and a name per distinct candidate (jobs repeat them in order)."""
+    if args.solutions:
+        from musacoder.tasks.loaders import load_tasks
+
+        tasks = {t.key: t for t in load_tasks(args.tasks)}
+        rows = [json.loads(line) for line in open(args.solutions)]
+        rows = [r for r in rows if r.get("status") == "ok" and r["task"] in tasks][:args.limit or None]
+        distinct = [(tasks[r["task"]], r["code"]) for r in rows]
+        names = [r["task"] for r in rows]
+    else:
+        examples = load_catalog(args.backend)[:args.limit or None]
+        distinct = [(builtin_task(e.task), e.path.read_text()) for e in examples]
+        names = [e.path.name for e in examples]
+    return [j for _ in range(args.repeats) for j in distinct], names
 
 
-def run(pool: LocalPool, jobs, n_gpus: int) -> dict:
+def layout(spec: str) -> tuple[list[int], bool]:
+    """'2x4' -> four judges on each of GPUs 0 and 1, timing alone; '1x4-shared-timing': timing side by side."""
+    gpus, judges = (int(x) for x in spec.split("-")[0].split("x"))
+    return [g for g in range(gpus) for _ in range(judges)], not spec.endswith("-shared-timing")
+
+
+def pool_for(args, cache: str, spec: str) -> LocalPool:
+    devices, exclusive = layout(spec)
+    cfg = VerifyConfig(backend=args.backend, cache_dir=cache, devices=tuple(devices))
+    cfg.timing.exclusive = exclusive
+    return LocalPool(cfg, compile_workers=args.compile_workers)
+
+
+def run(pool: LocalPool, jobs, spec: str) -> dict:
+    n_gpus = max(pool._on) + 1
     before = pool.stats()
     with NvmlSampler(n_gpus) as nv:
         t0 = time.perf_counter()
@@ -67,49 +100,68 @@ def run(pool: LocalPool, jobs, n_gpus: int) -> dict:
         wall = time.perf_counter() - t0
     after = pool.stats()
     each = [a - b for a, b in zip(after["device_busy_s_each"], before["device_busy_s_each"], strict=True)]
-    return {"gpus": n_gpus, "jobs": len(jobs), "wall_s": round(wall, 1),
+    vs = [verdicts[i] for i in range(len(jobs))]
+    return {"layout": spec, "gpus": n_gpus, "judges": len(pool._on), "jobs": len(jobs), "wall_s": round(wall, 1),
             "per_hour": round(len(jobs) / wall * 3600),
-            "pool_busy_each": [round(b / wall, 3) for b in each], "nvml_util_each": nv.means(),
+            "judge_busy_each": [round(b / wall, 3) for b in each], "nvml_util_each": nv.means(),
             "compile_busy_s": round(after["compile_busy_s"] - before["compile_busy_s"], 1),
-            "statuses": dict(Counter(verdicts[i].status.value for i in range(len(jobs)))),
-            "_status": [verdicts[i].status.value for i in range(len(jobs))]}
+            "timing_wait_s": round(sum(v.stage_seconds.get("timing_wait", 0) for v in vs), 1),
+            "lock_timeouts": sum("lock_timeout" in v.stage_seconds for v in vs),
+            "statuses": dict(Counter(v.status.value for v in vs)),
+            "_status": [v.status.value for v in vs], "_speedup": [v.speedup_eager for v in vs]}
+
+
+def drift(base: list, other: list) -> dict:
+    """How far speedups moved against the first layout's, candidate by candidate: |log ratio| as a factor."""
+    d = sorted(abs(math.log(b / a)) for a, b in zip(base, other) if a and b)
+    if not d:
+        return {}
+    return {"n": len(d), "median_factor": round(math.exp(statistics.median(d)), 3),
+            "p90_factor": round(math.exp(d[int(0.9 * (len(d) - 1))]), 3), "max_factor": round(math.exp(d[-1]), 3)}
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gpus", default="1,2", help="GPU counts to measure, comma-separated")
-    ap.add_argument("--repeats", type=int, default=8, help="times each shipped example is in the batch")
+    ap.add_argument("--layouts", default="1x1,2x1",
+                    help="GPUSxJUDGES per GPU, comma-separated; suffix -shared-timing: judges time side by side")
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--repeats", type=int, default=8, help="times each candidate is in the batch")
+    ap.add_argument("--solutions", help="solutions.jsonl of `synth solve` (its ok records) instead of the examples")
+    ap.add_argument("--tasks", help="the tasks file those solutions solve")
+    ap.add_argument("--limit", type=int, default=0, help="at most this many distinct candidates")
     ap.add_argument("--compile-workers", type=int, default=None)
     ap.add_argument("--out", default="scaling.json")
     ap.add_argument("--plot", default=None)
     args = ap.parse_args()
-    counts = [int(x) for x in args.gpus.split(",")]
-    jobs, examples = batch(args.repeats)
+    specs = args.layouts.split(",")
+    jobs, names = batch(args)
     cache = tempfile.mkdtemp(prefix="mc-scaling-")
-    cfg = VerifyConfig(backend="cuda", cache_dir=cache)
-    results = {"examples": len(examples), "repeats": args.repeats, "runs": []}
-    with LocalPool(cfg, compile_workers=args.compile_workers, devices=max(counts)) as pool:
+    results = {"candidates": len(names), "repeats": args.repeats, "backend": args.backend, "runs": []}
+    with pool_for(args, cache, specs[-1]) as pool:
         results["device"] = pool.wait_ready().get("device")
-        results["cold"] = {k: v for k, v in run(pool, jobs[:len(examples)], max(counts)).items() if k != "_status"}
+        cold = run(pool, jobs[:len(names)], specs[-1])
+        results["cold"] = {k: v for k, v in cold.items() if not k.startswith("_")}
         print("cold", json.dumps(results["cold"]), flush=True)
-    for n in counts:
-        with LocalPool(VerifyConfig(backend="cuda", cache_dir=cache), compile_workers=args.compile_workers,
-                       devices=n) as pool:
+    for spec in specs:
+        with pool_for(args, cache, spec) as pool:
             pool.wait_ready()
-            run(pool, jobs[:len(examples)], n)  # warm-up: spare subjects booted, reference subjects loaded
-            r = run(pool, jobs, n)
+            run(pool, jobs[:len(names)], spec)  # warm-up: spare subjects booted, reference subjects loaded
+            r = run(pool, jobs, spec)
         results["runs"].append(r)
-        print(n, json.dumps({k: v for k, v in r.items() if k != "_status"}), flush=True)
+        print(spec, json.dumps({k: v for k, v in r.items() if not k.startswith("_")}), flush=True)
     base = results["runs"][0]
-    results["differ"] = {r["gpus"]: [f"{examples[i % len(examples)].path.name}: {a} vs {b}"
-                                     for i, (a, b) in enumerate(zip(base["_status"], r["_status"], strict=True))
-                                     if a != b] for r in results["runs"][1:]}
     for r in results["runs"]:
         r["speedup_vs_first"] = round(r["per_hour"] / base["per_hour"], 2)
+        r["differ"] = [f"{names[i % len(names)]}: {a} vs {b}"
+                       for i, (a, b) in enumerate(zip(base["_status"], r["_status"], strict=True)) if a != b]
+        r["speedup_drift_vs_first"] = drift(base["_speedup"], r["_speedup"])
+    results["speedups"] = {r["layout"]: r.pop("_speedup") for r in results["runs"]}
+    for r in results["runs"]:
         r.pop("_status")
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
-    print(json.dumps({"differ": results["differ"]}), flush=True)
+    print(json.dumps({r["layout"]: {"differ": r["differ"], "drift": r["speedup_drift_vs_first"]}
+                      for r in results["runs"]}), flush=True)
     if args.plot:
         plot(results, args.plot)
 
@@ -120,13 +172,10 @@ def plot(results: dict, path: str):
     import matplotlib.pyplot as plt
 
     runs = results["runs"]
-    g = [r["gpus"] for r in runs]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(g, [r["per_hour"] for r in runs], "o-", label="measured")
-    ax.plot(g, [runs[0]["per_hour"] * n / runs[0]["gpus"] for n in g], "--", label="linear")
-    ax.set(xlabel="GPUs", ylabel="verifications / hour", xticks=g,
-           title=f"MooreEval, build-cached, {results['device']}")
-    ax.legend()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar([r["layout"] for r in runs], [r["per_hour"] for r in runs])
+    ax.set(ylabel="verifications / hour", title=f"MooreEval, build-cached, {results['device']}")
+    ax.tick_params(axis="x", labelrotation=20)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -15,6 +15,8 @@ from musacoder.backends import resolve
 from musacoder.config import VerifyConfig
 from musacoder.pool.base import Job, PoolBase
 from musacoder.pool.slots import CompileSlot, DeviceSlot
+from musacoder.verifier.buffers import remove_dir
+from musacoder.verifier.devlock import lock_dir, shared_devices
 from musacoder.verifier.verdict import Status
 
 
@@ -32,6 +34,10 @@ class LocalPool(PoolBase):
         if self.cfg.devices and seen and max(self.cfg.devices) >= seen:
             raise ValueError(f"verify.devices {list(self.cfg.devices)} names a device this host does not have "
                              f"({seen} visible)")
+        # judges sharing a device take its lock (correctness side by side, timing alone); the path is secret
+        shared = shared_devices(self._on) if self.cfg.timing.exclusive else set()
+        self._lock_dir = lock_dir() if shared else None
+        self._locks = [str(self._lock_dir / f"device-{d}") if d in shared else "" for d in self._on]
         cores = os.cpu_count() or 2
         self.n_compile = compile_workers or max(1, cores - self.n_devices)
         self._compile_q: queue.Queue = queue.Queue()
@@ -59,6 +65,7 @@ class LocalPool(PoolBase):
         self._threads.append(t)
 
     def close(self):
+        remove_dir(self._lock_dir)
         if not self._threads:
             self.cache.close()
             return
@@ -89,7 +96,7 @@ class LocalPool(PoolBase):
         slot.kill()
 
     def _device_loop(self, i: int):
-        slot = DeviceSlot(self.backend, self.cfg, self.cfg.cache_dir, self._on[i])
+        slot = DeviceSlot(self.backend, self.cfg, self.cfg.cache_dir, self._on[i], self._locks[i])
         hello = slot.start()
         if i == 0:
             self._device_info = hello

@@ -68,9 +68,9 @@ def device_env(backend: str, cfg: VerifyConfig, index: int | None) -> dict:
 class DeviceSlot:
     """One device: its judge process (which starts the reference and candidate subjects itself)."""
 
-    def __init__(self, backend: str, cfg: VerifyConfig, cache_dir: Path, index: int | None):
+    def __init__(self, backend: str, cfg: VerifyConfig, cache_dir: Path, index: int | None, device_lock: str = ""):
         env = device_env(backend, cfg, index)
-        self.cfg = cfg
+        self.cfg, self.device_lock = cfg, device_lock
         self.dev = WorkerProcess("device", backend, cache_dir, env=env, max_jobs=cfg.worker_max_jobs)
         self.hello: dict = {}
 
@@ -85,6 +85,7 @@ class DeviceSlot:
         """-> (facts, failure, seconds). The judge enforces the candidate's time limit itself; the margin here
         covers the reference's own work, so only a judge that stopped answering is killed."""
         t = time.perf_counter()
+        request = {**request, "device_lock": self.device_lock}
         try:
             return self.dev.call(request, timeout=self.cfg.run_timeout_s + 900), None, time.perf_counter() - t
         except (WorkerTimeout, WorkerDied) as e:

@@ -27,6 +27,7 @@ from musacoder.verifier import buffers, legality
 from musacoder.verifier.buffers import DTYPE_NAMES
 from musacoder.verifier.build import Builder
 from musacoder.verifier.correctness import Comparison, all_finite, compare, inputs_unchanged, spot_compare
+from musacoder.verifier.devlock import DeviceLock
 from musacoder.verifier.inputs import (
     DTYPES,
     Shape,
@@ -238,6 +239,18 @@ class _Run:
         return self.j._reference().call(cmd, max(self.cfg.run_timeout_s, 900))
 
     def go(self, job: EvaluateJob):
+        """Checks beside the other judges of this device, then timing alone (verifier/devlock.py)."""
+        f, lock = self.f, DeviceLock(job.device_lock, self.f.stage_seconds)
+        with lock.shared():
+            timed = self.checks(job)
+        if timed:
+            with lock.exclusive(), _stage(f, "timing"):
+                self.time_ab()
+            f.illegal_ops = legality.OpTrace.illegal_names(f.ops, self.j.backend.torch_namespaces)
+            self.count_processes()
+
+    def checks(self, job: EvaluateJob) -> bool:
+        """Load, import, correctness and profile; whether the candidate is to be timed."""
         f, cfg = self.f, self.cfg
         with _stage(f, "load_task"):
             try:
@@ -247,12 +260,12 @@ class _Run:
                     raise RuntimeError(r.error)
             except BaseException as e:
                 f.task_error = f"task {job.task_key} failed to load: {str(e)[-800:]}"
-                return
+                return False
         try:
             self.cand = self.j._take_candidate()
         except WorkerDied as e:  # ours, not the candidate's: it has not run yet
             f.infra_error = f"no candidate process could be started: {e}"
-            return
+            return False
         f.sandbox, f.candidate_pid = self.cand.proc.hello.get("sandbox", ""), self.cand.pid
         with _stage(f, "import"):
             r = self.ccall(SubjectCommand(op="load", task_code=job.task_code, candidate_code=job.candidate_code))
@@ -263,26 +276,22 @@ class _Run:
                 f.compile_error = r.error
             else:
                 f.import_error = ("importing the candidate failed: " if r.kind == "import" else "") + r.error
-            return
+            return False
         if f.symbol_problems:
-            return  # illegal whatever it computes: nothing more to run
+            return False  # illegal whatever it computes: nothing more to run
         with _stage(f, "correctness"):
             ok = self.trials(job.task_key)
         f.illegal_ops = legality.OpTrace.illegal_names(f.ops, self.j.backend.torch_namespaces)
         self.count_processes()
         if not ok or f.integrity or f.illegal_ops or f.processes_spawned:
-            return
+            return False
         passed = all(t.passed for t in f.trials) and self.base is not None
         if passed and self.j.backend.device_type != "cpu":
             with _stage(f, "profile"):
                 r = self.ccall(SubjectCommand(op="profile", shape_key=self.base["key"], inputs=self.base["in"],
                                               own_kernels=[k for b in self.builds for k in b.kernels]))
                 f.profile, f.profile_error = r.profile, ("" if r.ok else r.error[-500:])
-        if passed and cfg.timing_enabled and f.launches > 0:
-            with _stage(f, "timing"):
-                self.time_ab()
-            f.illegal_ops = legality.OpTrace.illegal_names(f.ops, self.j.backend.torch_namespaces)
-            self.count_processes()
+        return passed and cfg.timing_enabled and f.launches > 0
 
     def count_processes(self):
         if self.cand is not None and self.cand.proc.alive:

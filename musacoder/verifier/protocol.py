@@ -92,6 +92,7 @@ class EvaluateJob(Msg):
     candidate_code: str
     config: dict
     build_env: dict[str, str] = Field(default_factory=dict)
+    device_lock: str = ""  # path prefix of the lock judges sharing this device take (verifier/devlock.py); "": none
 
 
 class PrebuildJob(Msg):
