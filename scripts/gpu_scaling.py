@@ -145,7 +145,7 @@ def main():
     for spec in specs:
         with pool_for(args, cache, spec) as pool:
             pool.wait_ready()
-            run(pool, jobs[:len(names)], spec)  # warm-up: spare subjects booted, reference subjects loaded
+            run(pool, jobs[:len(pool._on)], spec)  # warm-up: every judge up, its spare subjects booted
             r = run(pool, jobs, spec)
         results["runs"].append(r)
         print(spec, json.dumps({k: v for k, v in r.items() if not k.startswith("_")}), flush=True)
