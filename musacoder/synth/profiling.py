@@ -49,6 +49,7 @@ from musacoder.tasks.model import Task
 # with -m) is sandboxed before torch and anything it starts.
 if TYPE_CHECKING:
     from musacoder.synth.rewrite import Solution
+    from musacoder.verifier.protocol import ProfileCommand, ProfileReply
 
 PROFILING, PROFILES = "profiling.jsonl", "profiles.jsonl"
 HOST_BOUND = 0.5  # kernels under this share of the wall time: the host bounds the program
@@ -206,6 +207,7 @@ def profile_program(task: Task, code: str, cfg: VerifyConfig, iterations: int = 
     from musacoder.backends import get_backend
     from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout
     from musacoder.verifier.build import Builder
+    from musacoder.verifier.protocol import BuildRequest, ProfileCommand, ProfileReply
 
     backend = get_backend(cfg.backend)
     builder = Builder(cfg.cache_dir, backend)
@@ -222,20 +224,23 @@ def profile_program(task: Task, code: str, cfg: VerifyConfig, iterations: int = 
                          log_path=private / "log")
 
     def serve(msg: dict) -> dict:  # the program's load_inline: built here, by the trusted builder
-        return builder.build(dict(msg["arguments"])).model_dump()
+        return builder.build(BuildRequest.model_validate(msg).arguments).model_dump()
+
+    def call(cmd: ProfileCommand, timeout: float) -> ProfileReply:
+        return ProfileReply.model_validate(proc.call(cmd.model_dump(), timeout, serve))
 
     stage, sandbox = "starting", ""
     try:
         sandbox = proc.start().get("sandbox", "")
         stage = "loading"
-        r = proc.call({"op": "load", "task_code": task.code, "code": code, "precision": cfg.precision},
-                      cfg.compile_timeout_s, serve)
-        if r.get("ok"):
+        r = call(ProfileCommand(op="load", task_code=task.code, code=code, precision=cfg.precision),
+                 cfg.compile_timeout_s)
+        if r.ok:
             stage = "profiling"
-            r = proc.call({"op": "profile", "iterations": iterations, "warmup": warmup}, timeout_s, serve)
-        if not r.get("ok"):
-            return {"status": "failed", "reason": f"{stage}: {r.get('error', '')[-1500:]}", "sandbox": sandbox}
-        return {"status": "ok", "reason": "", "sandbox": sandbox, **{k: v for k, v in r.items() if k != "ok"}}
+            r = call(ProfileCommand(op="profile", iterations=iterations, warmup=warmup), timeout_s)
+        if not r.ok:
+            return {"status": "failed", "reason": f"{stage}: {r.error[-1500:]}", "sandbox": sandbox}
+        return {"status": "ok", "reason": "", "sandbox": sandbox, **r.model_dump(exclude={"ok", "error"})}
     except WorkerTimeout as e:
         return {"status": "timeout", "reason": f"{stage}: {e} (killed)", "sandbox": sandbox}
     except WorkerDied as e:
@@ -346,66 +351,65 @@ def main(argv=None):
     from multiprocessing.connection import Connection
 
     from musacoder.pool.worker import adopt_orphans_and_follow_parent
+    from musacoder.verifier.protocol import Hello, send
 
     conn = Connection(args.fd)
     adopt_orphans_and_follow_parent()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the program's prints must not reach the pipe
     child = _Child(conn, args.backend, args.private)
-    child.send({"type": "hello", "pid": os.getpid(), "sandbox": sandbox})
+    send(conn, Hello(pid=os.getpid(), sandbox=sandbox))
     child.loop()
 
 
 class _Child:
     def __init__(self, conn, backend: str, private: str):
+        from functools import partial
+
         import torch
 
         from musacoder.backends import get_backend
         from musacoder.verifier.build import LaunchCounter
+        from musacoder.verifier.protocol import request_build
 
         self.torch, self.conn, self.private = torch, conn, private
         self.backend = get_backend(backend)
         self.labels: set[str] = set()
-        _labelling_loader(self._request_build, LaunchCounter(), self.backend.extension_apis, self.labels).install()
+        _labelling_loader(partial(request_build, conn), LaunchCounter(), self.backend.extension_apis,
+                          self.labels).install()
         self.backend.disable_tf32()
         self.device = self.backend.device()
         self.model = self.inputs = None
 
-    def send(self, obj: dict):
-        self.conn.send_bytes(json.dumps(obj).encode())
-
-    def _request_build(self, arguments: dict):
-        from musacoder.verifier.protocol import BuildReply, BuildRequest
-
-        self.send(BuildRequest(arguments=arguments).model_dump())
-        return BuildReply.model_validate(json.loads(self.conn.recv_bytes()))
-
     def loop(self):
+        from musacoder.verifier.protocol import ProfileCommand, ProfileReply, send
+
         while True:
             try:
-                job = json.loads(self.conn.recv_bytes())
+                job = ProfileCommand.model_validate(json.loads(self.conn.recv_bytes()))
             except (EOFError, OSError):
                 return
             try:
-                reply = {"ok": True, **getattr(self, "op_" + job["op"])(job)}
+                reply = getattr(self, "op_" + job.op)(job)
             except BaseException as e:  # the program's failure is the answer
-                reply = {"ok": False, "error": "".join(traceback.format_exception(type(e), e, e.__traceback__))}
-            self.send(reply)
+                reply = ProfileReply(ok=False, error="".join(traceback.format_exception(type(e), e, e.__traceback__)))
+            send(self.conn, reply)
 
-    def op_load(self, job: dict) -> dict:
+    def op_load(self, job: ProfileCommand) -> ProfileReply:
         from musacoder.verifier.inputs import DTYPES, Shape, init_inputs, load_module, make_inputs
+        from musacoder.verifier.protocol import ProfileReply
 
         torch = self.torch
-        task = load_module(job["task_code"], "task", self.private)
-        cls = load_module(job["code"], "cand", self.private).ModelNew
+        task = load_module(job.task_code, "task", self.private)
+        cls = load_module(job.code, "cand", self.private).ModelNew
         torch.manual_seed(0)
         with torch.device(self.device):
             model = cls(*init_inputs(task, Shape()))
         model = model.to(self.device)
-        if job["precision"] != "fp32":
-            model = model.to(DTYPES[job["precision"]])
+        if job.precision != "fp32":
+            model = model.to(DTYPES[job.precision])
         self.model = model.eval()
-        self.inputs = make_inputs(task, Shape(), 0, self.device, job["precision"])
-        return {}
+        self.inputs = make_inputs(task, Shape(), 0, self.device, job.precision)
+        return ProfileReply()
 
     def _forward(self) -> float:
         t0 = time.perf_counter()
@@ -413,18 +417,20 @@ class _Child:
         self.backend.synchronize()
         return (time.perf_counter() - t0) * 1e3
 
-    def op_profile(self, job: dict) -> dict:
+    def op_profile(self, job: ProfileCommand) -> ProfileReply:
         import statistics
 
         from torch.profiler import ProfilerActivity, profile, schedule
 
-        torch, n = self.torch, job["iterations"]
+        from musacoder.verifier.protocol import ProfileReply
+
+        torch, n = self.torch, job.iterations
         gpu = self.device.type != "cpu"
         activities = [ProfilerActivity.CPU]
         if gpu:
             activities.append(ProfilerActivity.CUDA if self.device.type == "cuda" else ProfilerActivity.PrivateUse1)
         with torch.no_grad():
-            for _ in range(job["warmup"]):
+            for _ in range(job.warmup):
                 self._forward()
             plain = statistics.fmean(self._forward() for _ in range(n))  # a mean, as the profiled wall time
             # one profiled warm-up step first: the profiler's own start-up is not the program's time
@@ -452,8 +458,8 @@ class _Child:
         if not gpu:  # kernels run on the calling thread: the rest of the wall time is host work nothing recorded
             covered = sum(r["self_ms"] for r in out)
             out.append({"name": OTHER_HOST, "kind": "host", "calls": None, "self_ms": max(0.0, wall - covered)})
-        return {"rows": out, "wall_ms": wall / n, "plain_ms": plain, "device": self.backend.device_name(),
-                "threads": torch.get_num_threads()}
+        return ProfileReply(rows=out, wall_ms=wall / n, plain_ms=plain, device=self.backend.device_name(),
+                            threads=torch.get_num_threads())
 
 
 def _labelling_loader(request_build, counter, apis, labels: set):

@@ -3,10 +3,12 @@
 pool --EvaluateJob--> judge --SubjectCommand--> subject (reference or candidate)
 pool <---Facts------- judge <--SubjectReply---- subject
                       judge <--BuildRequest---- subject (its load_inline); judge --BuildReply--> subject
+synth.profiling --ProfileCommand--> its profiling process; ProfileReply back, builds requested as a subject's
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +33,14 @@ class OutputSpec(Msg):
     """Structure of a forward's output: one entry per leaf; tensors by shape/dtype/device, others by value."""
 
     leaves: list[dict]
+
+
+class Hello(Msg):
+    """A subject's (or the profiling process's) first message: it is up, and how it is sandboxed."""
+
+    type: Literal["hello"] = "hello"
+    pid: int
+    sandbox: str
 
 
 # ---- subject commands and replies ----------------------------------------------------------------------------
@@ -83,6 +93,49 @@ class BuildReply(Msg):
     seconds: float = 0.0
     problems: list[str] = Field(default_factory=list)  # imported symbols the verifier refuses
     kernels: list[str] = Field(default_factory=list)  # device kernels the library defines
+
+
+def send(conn, msg: Msg) -> None:
+    """One message to the process at the other end of `conn` (a multiprocessing Connection)."""
+    conn.send_bytes(json.dumps(msg.model_dump()).encode())
+
+
+def request_build(conn, arguments: dict) -> BuildReply:
+    """A subject's (or the profiling process's) load_inline: built by the process at the other end of `conn`."""
+    send(conn, BuildRequest(arguments=arguments))
+    return BuildReply.model_validate(json.loads(conn.recv_bytes()))
+
+
+# ---- synth.profiling <-> its profiling process ---------------------------------------------------------------
+class ProfileCommand(Msg):
+    op: Literal["load", "profile"]
+    # load
+    task_code: str = ""
+    code: str = ""  # the program (its ModelNew)
+    precision: str = "fp32"
+    # profile
+    iterations: int = 0
+    warmup: int = 0
+
+
+class ProfileRow(Msg):
+    """An op or kernel of the profiler's table, summed over the profiled forwards."""
+
+    name: str
+    kind: Literal["kernel", "host"]
+    calls: int | None  # None: the cpu's host time outside any profiled op
+    self_ms: float
+
+
+class ProfileReply(Msg):
+    ok: bool = True
+    error: str = ""  # a traceback: the program's failure
+    # profile
+    rows: list[ProfileRow] = Field(default_factory=list)
+    wall_ms: float = 0.0  # per forward, under the profiler
+    plain_ms: float = 0.0  # per forward, without it
+    device: str = ""
+    threads: int = 0
 
 
 # ---- pool <-> judge ------------------------------------------------------------------------------------------

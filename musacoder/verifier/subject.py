@@ -44,18 +44,23 @@ def main(argv=None):
 
     adopt_orphans_and_follow_parent()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # candidate prints must not reach the judge's pipe
+    from musacoder.verifier.protocol import Hello, send
+
     subject = Subject(conn, args.backend, args.private, not args.no_device)
-    subject.send({"type": "hello", "pid": os.getpid(), "sandbox": sandbox})
+    send(conn, Hello(pid=os.getpid(), sandbox=sandbox))
     subject.loop()
 
 
 class Subject:
     def __init__(self, conn, backend_name: str, private: str, use_device: bool):
+        from functools import partial
+
         import torch
 
         from musacoder.backends import get_backend
         from musacoder.verifier import legality
         from musacoder.verifier.build import LaunchCounter, RemoteLoader
+        from musacoder.verifier.protocol import request_build
 
         self.torch = torch
         if os.environ.get("MUSACODER_THREADS"):
@@ -64,7 +69,7 @@ class Subject:
         self.private = private
         self.backend = get_backend(backend_name)
         self.counter = LaunchCounter()
-        self.loader = RemoteLoader(self._request_build, self.counter, self.backend.extension_apis)
+        self.loader = RemoteLoader(partial(request_build, conn), self.counter, self.backend.extension_apis)
         self.loader.install()
         self.backend.install_launch_hook(self.counter)
         self.backend.disable_tf32()
@@ -83,23 +88,10 @@ class Subject:
         self.snapshot = legality.snapshot()
 
     # ---- wire ----------------------------------------------------------------------------------------------------
-    def send(self, obj: dict):
-        import json
-
-        self.conn.send_bytes(json.dumps(obj).encode())
-
-    def _request_build(self, arguments: dict):
-        import json
-
-        from musacoder.verifier.protocol import BuildReply, BuildRequest
-
-        self.send(BuildRequest(arguments=arguments).model_dump())
-        return BuildReply.model_validate(json.loads(self.conn.recv_bytes()))
-
     def loop(self):
         import json
 
-        from musacoder.verifier.protocol import SubjectCommand, SubjectReply
+        from musacoder.verifier.protocol import SubjectCommand, SubjectReply, send
 
         while True:
             try:
@@ -114,7 +106,7 @@ class Subject:
             except BaseException as e:  # the model's failure: reported, the judge decides what it means
                 reply = SubjectReply(ok=False, error=_tb(e), fatal=self._fatal(e))
             reply.seconds = time.perf_counter() - t0
-            self.send(reply.model_dump())
+            send(self.conn, reply)
 
     def _fatal(self, e) -> bool:
         return self.device is not None and self.backend.is_fatal(e)
