@@ -204,6 +204,8 @@ def profile_program(task: Task, code: str, cfg: VerifyConfig, iterations: int = 
     """{status: ok | failed | crashed | timeout, reason, sandbox (as the process described it), and with ok: rows,
     wall_ms, plain_ms, device, threads}. timeout_s bounds the profiled forwards; loading (and building, when the
     cache misses) is bounded by cfg.compile_timeout_s, the process's start by STARTUP_S."""
+    from pydantic import ValidationError
+
     from musacoder.backends import get_backend
     from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout
     from musacoder.verifier.build import Builder
@@ -243,6 +245,8 @@ def profile_program(task: Task, code: str, cfg: VerifyConfig, iterations: int = 
         return {"status": "ok", "reason": "", "sandbox": sandbox, **r.model_dump(exclude={"ok", "error"})}
     except WorkerTimeout as e:
         return {"status": "timeout", "reason": f"{stage}: {e} (killed)", "sandbox": sandbox}
+    except ValidationError as e:  # the program wrote on the process's channel itself
+        return {"status": "failed", "reason": f"{stage}: malformed reply: {str(e)[:500]}", "sandbox": sandbox}
     except WorkerDied as e:
         return {"status": "crashed", "reason": f"{stage}: {e}"[-1500:], "sandbox": sandbox}
     finally:
