@@ -6,7 +6,9 @@ the feedback as the next user turn); the episode ends at `max_turns` rounds or a
 repair episode starts from an earlier round (`history`) that it does not count as its own.
 
 `run_episodes` drives many episodes batch-wise (all live episodes' turn k generated together, then verified
-together): TRL's rollouts and synthesis use it. The bench runner (resumable, rows in SQLite) and the verl agent loop
+together): TRL's rollouts and synthesis use it. With `early`, an answer is verified as soon as the generator says
+it has ended, while the rest of its batch is still generating (`Ahead`): only the verification left when the last
+answer ends is waited for. The bench runner (resumable, rows in SQLite) and the verl agent loop
 (async, one episode per coroutine) keep their own scheduling and use `Episode` for every decision about the
 conversation.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -100,17 +103,45 @@ class Generated(Protocol):
 @dataclass
 class EpisodeStats:
     generate_s: float = 0.0
-    verify_s: float = 0.0
+    verify_s: float = 0.0  # waiting for verdicts after generation returned
     tokens: int = 0  # completion tokens generated, all turns
     responses: int = 0
     stopped_long: int = 0  # episodes ended early because the next prompt did not fit
+    verified_early: int = 0  # answers whose verification started while their batch was still generating
 
 
-def run_episodes(episodes: Sequence[Episode], generate: Callable[[list[list[dict]]], Sequence[Generated]],
+class Ahead:
+    """Verification that starts while generation goes on: `submit(i, text)` when answer i has ended (the
+    generator's callback), `verdicts(texts)` once all have. A text that differs from the one submitted early is
+    verified again, so the verdict always belongs to the final answer."""
+
+    def __init__(self, verify: Callable[[list[tuple[Task, str]]], Sequence[Verdict]], tasks: list[Task],
+                 threads: int = 32):
+        self.verify, self.tasks = verify, tasks
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="musacoder-ahead")
+        self.early: dict[int, tuple[str, Future]] = {}
+
+    def submit(self, i: int, text: str) -> None:
+        if i not in self.early:
+            self.early[i] = (text, self.pool.submit(lambda: self.verify([(self.tasks[i], text)])[0]))
+
+    def verdicts(self, texts: Sequence[str]) -> tuple[list[Verdict], int]:
+        """Verdicts in order, and how many were started early."""
+        late = [i for i, t in enumerate(texts) if self.early.get(i, (None,))[0] != t]
+        rest = dict(zip(late, self.verify([(self.tasks[i], texts[i]) for i in late]))) if late else {}
+        try:
+            return [rest[i] if i in rest else self.early[i][1].result() for i in range(len(texts))], \
+                len(texts) - len(late)
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_episodes(episodes: Sequence[Episode], generate: Callable[..., Sequence[Generated]],
                  verify: Callable[[list[tuple[Task, str]]], Sequence[Verdict]],
-                 fits: Callable[[list[dict]], bool] | None = None) -> EpisodeStats:
+                 fits: Callable[[list[dict]], bool] | None = None, early: bool = False) -> EpisodeStats:
     """Play every episode to its end, turn by turn in batches. `fits(messages)` False ends an episode whose next
-    prompt is too long (never its first turn)."""
+    prompt is too long (never its first turn). `early`: `generate(prompts, on_text)` calls `on_text(i, text)` as
+    answer i ends, and its verification starts then (`Ahead`)."""
     stats = EpisodeStats()
     live = [e for e in episodes if not e.finished]
     while live:
@@ -122,9 +153,16 @@ def run_episodes(episodes: Sequence[Episode], generate: Callable[[list[list[dict
             if not live:
                 break
         t0 = time.perf_counter()
-        samples = generate([prompts[id(e)] for e in live])
-        t1 = time.perf_counter()
-        verdicts = verify([(e.task, s.text) for e, s in zip(live, samples)])
+        if early:
+            ahead = Ahead(verify, [e.task for e in live])
+            samples = generate([prompts[id(e)] for e in live], ahead.submit)
+            t1 = time.perf_counter()
+            verdicts, n_early = ahead.verdicts([s.text for s in samples])
+            stats.verified_early += n_early
+        else:
+            samples = generate([prompts[id(e)] for e in live])
+            t1 = time.perf_counter()
+            verdicts = verify([(e.task, s.text) for e, s in zip(live, samples)])
         stats.generate_s += t1 - t0
         stats.verify_s += time.perf_counter() - t1
         for e, s, v in zip(live, samples, verdicts):

@@ -93,3 +93,36 @@ def test_elisions_keep_the_task_the_latest_answer_and_every_feedback():
     assert shapes == [["a0", "a1", "a2"], [ELIDED, "a1", "a2"], [ELIDED, ELIDED, "a2"]]
     assert all(msgs[:2] == first and sum("f2" in m["content"] for m in msgs) == 1 for msgs in ep.elisions())
     assert not Episode(RELU, first, rounds=[Round("a", "f", True)], stop_on_success=False).finished
+
+
+def test_early_verification_starts_while_the_batch_generates_and_keeps_every_verdict():
+    """Answer 0 ends first and is verified while generation goes on; answer 1's early text is superseded by its
+    final one, which is verified again; answer 2 is only known at the end. The verifier here records calls (it
+    stands in for MooreEval only to see when each call starts)."""
+    import threading
+    import time
+
+    from musacoder.verifier.verdict import Status, Verdict
+
+    calls, generating = [], threading.Event()
+
+    def verify(pairs):
+        calls.append(([t for _, t in pairs], generating.is_set()))
+        return [Verdict(status=Status.OK if t == "good" else Status.INCORRECT, reason=t, task=k.key, backend="cpu")
+                for k, t in pairs]
+
+    def generate(prompts, on_text=None):
+        generating.set()
+        on_text(0, "good")
+        on_text(1, "draft")
+        time.sleep(0.2)  # the rest of the batch still generating
+        generating.clear()
+        return [Sample([], [1], [0.0], t, False) for t in ("good", "final", "bad")]
+
+    eps = [Episode(RELU, task_messages(RELU, "cpu"), max_turns=1) for _ in range(3)]
+    stats = run_episodes(eps, generate, verify, early=True)
+    assert [e.rounds[0].status for e in eps] == ["ok", "incorrect", "incorrect"]
+    assert [e.rounds[0].text for e in eps] == ["good", "final", "bad"]
+    assert (["good"], True) in calls and (["draft"], True) in calls  # started during generation
+    assert (["final", "bad"], False) in calls  # the superseded draft and the late answer, after it
+    assert stats.verified_early == 1 and stats.responses == 3

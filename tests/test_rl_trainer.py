@@ -2,6 +2,7 @@
 model writes no code, so every verdict is an instant format error and nothing compiles): metrics, BDR buffering
 and re-issue, checkpoints with the buffer, resume, the MirrorPop hook, and TRL's loss against `algos`."""
 
+import contextlib
 import json
 
 import pytest
@@ -225,3 +226,27 @@ def test_shipped_configs_load_and_their_warm_start_data_resolve(name):
     assert {r["task"] for r in records} == {t.key for t in tasks}  # every RL task has answers to learn from
     assert any(not r["metadata"]["honest"] for r in records)  # and cheats to unlearn
     SFTConfig.from_dict({"output_dir": "x", "data": ["x"], **cfg.warm_start})
+
+
+def test_hf_engine_hands_over_each_answer_as_it_ends(tiny_policy):
+    """Early-ending rows (a wide end-of-sequence set makes a random model end at different steps) reach `on_text`
+    once each, during generation, with exactly the text of the final sample; the others at their batch's end."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from musacoder.train.rl.engines import HFEngine, Sampling
+
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy)
+    eos = [t for t in range(len(tok)) if t % 6 == 0]
+    eng = HFEngine(tok, lambda: contextlib.nullcontext(model), Sampling(max_new_tokens=12), eos, batch_size=4)
+    seen = []
+    torch.manual_seed(1)
+    out = eng.generate([task_messages(RELU, "cpu", one_shot=False)] * 6, lambda i, t: seen.append((i, t)))
+    assert sorted(i for i, _ in seen) == list(range(6))  # each once
+    assert all(out[i].text == t for i, t in seen)
+    order = {i: k for k, (i, _) in enumerate(seen)}
+    for rows in (range(0, 4), range(4, 6)):  # within a batch, ended rows were handed over before the cut ones
+        ended = [order[i] for i in rows if not out[i].truncated]
+        cut = [order[i] for i in rows if out[i].truncated]
+        assert not (ended and cut) or max(ended) < min(cut)
+    assert any(s.truncated for s in out) and not all(s.truncated for s in out)

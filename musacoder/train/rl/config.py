@@ -68,6 +68,9 @@ class RLConfig(Settings):
     generation: str = "hf"  # hf: the trainer's own model | vllm: a vLLM server kept in sync by TRL
     vllm_server_url: str | None = None
     gen_batch_size: int = 16  # hf: sequences generated together
+    # hf: verify each answer as soon as it ends, while the rest of its batch generates. Turn off when the verifier
+    # times kernels on the policy's GPU (timing on and verify.devices shared): generation would disturb the timing.
+    verify_early: bool = True
     dtype: str = "auto"
     bf16: bool | None = None  # None: where the device supports it
     primeecho: PrimeEchoSettings = field(default_factory=PrimeEchoSettings)

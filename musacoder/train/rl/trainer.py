@@ -96,7 +96,8 @@ class Rollouts:
         trajs, retries = self.episodes(prompts)
         limit = self.cfg.max_prompt_tokens
         st = run_episodes(trajs, self.engine.generate, self.verifier.verify,
-                          (lambda m: len(self.engine.encode(m)) <= limit) if limit else None)
+                          (lambda m: len(self.engine.encode(m)) <= limit) if limit else None,
+                          early=self.cfg.verify_early)
         rewards = [trajectory_reward(t, self.cfg) for t in trajs]
         g = self.cfg.group_size
         groups = [trajs[i:i + g] for i in range(0, len(trajs), g)]
@@ -125,6 +126,7 @@ class Rollouts:
             "rollout/stopped_long": st.stopped_long,
             "verifier/seconds": st.verify_s,
             "verifier/calls": st.responses,
+            "verifier/started_early": st.verified_early,
         }.items():
             log(name, float(value))
         firsts = [t.rounds[0].sample for t in trajs]  # the first response: the only one the gradient goes through
