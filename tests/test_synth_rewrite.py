@@ -49,6 +49,10 @@ PLAIN = "import os\nimport torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.M
 RAISES = PLAIN + "        raise ValueError('no kernel today')\n"
 CRASHES = PLAIN + "        os.abort()\n"
 HANGS = PLAIN + "        while True:\n            pass\n"
+# answers for its process on the process's own channel: a reply of the wrong shape
+FORGES = PLAIN + ("        import sys\n        from multiprocessing.connection import Connection\n"
+                  "        Connection(int(sys.argv[sys.argv.index('--fd') + 1])).send_bytes(b'{\"ok\": true, \"rows\": 1}')\n"
+                  "        os._exit(0)\n")
 
 
 def _lines(path):
@@ -171,7 +175,7 @@ def test_a_second_rewrite_run_redoes_nothing(paired, timed, tmp_path):
 def profiled(paired, timed):
     src, out, _, _ = paired
     extra = [Solution(RELU_TASK, code, "test", {}, name) for name, code in
-             (("host", HOST), ("raises", RAISES), ("crashes", CRASHES), ("hangs", HANGS))]
+             (("host", HOST), ("raises", RAISES), ("crashes", CRASHES), ("hangs", HANGS), ("forges", FORGES))]
     sols = load_passing([src], [RELU_TASK], "cpu").solutions + extra
     summary = profiling_records(sols, out, timed, load_rewrites(out), iterations=5, timeout_s=2.0)
     return out, summary, sols
@@ -196,14 +200,15 @@ def test_profiling_records_name_the_dominating_kernel_and_carry_the_rewrite(prof
     assert slow.metadata["nsight_compute"].startswith(("not available", "not applicable"))
 
 
-def test_a_program_that_raises_crashes_or_hangs_is_recorded_with_its_reason(profiled):
+def test_a_program_that_raises_crashes_hangs_or_forges_a_reply_is_recorded_with_its_reason(profiled):
     out, summary, _ = profiled
-    assert summary["statuses"] == {"ok": 3, "failed": 1, "crashed": 1, "timeout": 1}
+    assert summary["statuses"] == {"ok": 3, "failed": 2, "crashed": 1, "timeout": 1}
     rows = {r["origin"]: r for r in _lines(out / PROFILES)}
     assert rows["raises"]["status"] == "failed" and "ValueError: no kernel today" in rows["raises"]["reason"]
     assert rows["raises"]["sandbox"]  # the process said how it was sandboxed (Landlock, or "none (why)")
     assert rows["crashes"]["status"] == "crashed" and "SIGABRT" in rows["crashes"]["reason"]
     assert rows["hangs"]["status"] == "timeout" and rows["hangs"]["reason"].startswith("profiling: no answer within 2s")
+    assert rows["forges"]["status"] == "failed" and rows["forges"]["reason"].startswith("profiling: malformed reply")
 
 
 def test_cli_reruns_do_nothing_and_bad_input_exits_2(profiled, paired, tmp_path, capsys):
