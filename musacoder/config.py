@@ -24,6 +24,9 @@ class CorrectnessConfig(Settings):
     # factors a shape variant draws from, secretly per verification (a kernel cannot hard-code "half the size")
     shape_scales: tuple[float, ...] = (0.5, 0.625, 0.75, 0.875)
     shape_variant_count: int = 2
+    # one more shape variant with odd sizes (a secret 1-7 below a scaled size): a kernel that skips the tail of a
+    # block, or assumes sizes divisible by its block, fails it; a task the reference rejects it for skips it
+    ragged_shape: bool = True
     shape_min_size: int = 8  # ints below this (dims, kernel sizes) are never rescaled
     # strict profile: error relative to the reference's magnitude, ||out - ref||_2 / ||ref||_2, so tiny outputs
     # (softmax ~1e-4) cannot pass on atol alone; the kernelbench profile keeps KernelBench's rule exactly

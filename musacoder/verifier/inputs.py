@@ -35,17 +35,26 @@ def load_module(code: str, prefix: str, cache_root: Path):
     return mod
 
 
-def scaled_constants(module, scale: float, min_size: int) -> dict:
-    """Module-level size constants (ints >= min_size, or tuples of them) rescaled; {} when there are none."""
+def scaled_constants(module, scale: float, min_size: int, ragged=None) -> dict:
+    """Module-level size constants (ints >= min_size, or tuples of them) rescaled; {} when there are none.
+    `ragged` (a random.Random): each rescaled size then made odd, a secret 1-7 below, so that no power-of-two block
+    divides it (power-of-two task sizes scaled by 0.5-0.875 stay multiples of 512 and hide a missing tail guard)."""
+
+    def size(v: int) -> int:
+        n = max(1, int(round(v * scale)))
+        if ragged is not None:
+            n = max(1, n - (1 - n % 2) - 2 * ragged.randrange(0, 4))
+        return n
+
     out = {}
     for k, v in vars(module).items():
         if k.startswith("_"):
             continue
         if isinstance(v, int) and not isinstance(v, bool) and v >= min_size:
-            out[k] = max(1, int(round(v * scale)))
+            out[k] = size(v)
         elif isinstance(v, tuple) and v and all(isinstance(e, int) and not isinstance(e, bool) for e in v) \
                 and any(e >= min_size for e in v):
-            out[k] = tuple(max(1, int(round(e * scale))) if e >= min_size else e for e in v)
+            out[k] = tuple(size(e) if e >= min_size else e for e in v)
     return out
 
 

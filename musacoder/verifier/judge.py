@@ -310,6 +310,10 @@ class _Run:
                 over = scaled_constants(self.task, factor, cc.shape_min_size)
                 if over:
                     plan.append(("shape " + ", ".join(f"{k}={v}" for k, v in over.items()), Shape(over), seed(), ""))
+            over = scaled_constants(self.task, rng.choice(cc.shape_scales), cc.shape_min_size, ragged=rng) \
+                if cc.ragged_shape else {}
+            if over:
+                plan.append(("shape " + ", ".join(f"{k}={v}" for k, v in over.items()), Shape(over), seed(), ""))
         first, rest = plan[0], plan[1:]
         rng.shuffle(rest)  # the order of checks is secret too; the first plain trial also checks determinism
         return [first, *rest]
