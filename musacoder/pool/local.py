@@ -65,17 +65,14 @@ class LocalPool(PoolBase):
         self._threads.append(t)
 
     def close(self):
-        remove_dir(self._lock_dir)
-        if not self._threads:
-            self.cache.close()
-            return
-        for _ in range(self.n_compile):
+        for _ in range(self.n_compile if self._threads else 0):
             self._compile_q.put(None)
-        for _ in range(self.n_devices):
+        for _ in range(self.n_devices if self._threads else 0):
             self._device_q.put(None)
         for t in self._threads:
             t.join(timeout=30)
         self.cache.close()
+        remove_dir(self._lock_dir)  # after the judges: one still finishing a job would open its lock files
 
     def _to_compile(self, job: Job):
         self._compile_q.put(job)

@@ -306,14 +306,13 @@ class _Run:
             plan.append(("sign-symmetric inputs", Shape(), seed(), "sign"))
             plan += [(f"inputs x{s:g}", Shape(), seed(), f"scale{s:g}") for s in cc.rescale_factors]
         if cc.shape_variants:
-            for factor in rng.sample(list(cc.shape_scales), min(cc.shape_variant_count, len(cc.shape_scales))):
-                over = scaled_constants(self.task, factor, cc.shape_min_size)
+            factors = [(f, None) for f in rng.sample(list(cc.shape_scales),
+                                                     min(cc.shape_variant_count, len(cc.shape_scales)))]
+            factors += [(rng.choice(cc.shape_scales), rng)] if cc.ragged_shape else []
+            for factor, ragged in factors:
+                over = scaled_constants(self.task, factor, cc.shape_min_size, ragged=ragged)
                 if over:
                     plan.append(("shape " + ", ".join(f"{k}={v}" for k, v in over.items()), Shape(over), seed(), ""))
-            over = scaled_constants(self.task, rng.choice(cc.shape_scales), cc.shape_min_size, ragged=rng) \
-                if cc.ragged_shape else {}
-            if over:
-                plan.append(("shape " + ", ".join(f"{k}={v}" for k, v in over.items()), Shape(over), seed(), ""))
         first, rest = plan[0], plan[1:]
         rng.shuffle(rest)  # the order of checks is secret too; the first plain trial also checks determinism
         return [first, *rest]
