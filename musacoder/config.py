@@ -27,6 +27,10 @@ class CorrectnessConfig(Settings):
     # one more shape variant with odd sizes (a secret 1-7 below a scaled size): a kernel that skips the tail of a
     # block, or assumes sizes divisible by its block, fails it; a task the reference rejects it for skips it
     ragged_shape: bool = True
+    # one more with small sizes (a secret factor of these) and sign-symmetric inputs: an approximation whose error
+    # shrinks as sizes grow (ReLU as max(softmax(x), x) is within atol 1e-4 on rows of 8000+) fails it
+    small_shape: bool = True
+    small_scales: tuple[float, ...] = (0.125, 0.1875, 0.25)
     shape_min_size: int = 8  # ints below this (dims, kernel sizes) are never rescaled
     # strict profile: error relative to the reference's magnitude, ||out - ref||_2 / ||ref||_2, so tiny outputs
     # (softmax ~1e-4) cannot pass on atol alone; the kernelbench profile keeps KernelBench's rule exactly

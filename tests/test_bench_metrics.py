@@ -161,3 +161,20 @@ def test_report_and_compare(tmp_path):
     assert "## level2 (%)" in cmp and "| Faster vs eager | 25.0 | 25.0 | +0.0 |" in cmp
     with pytest.raises(FileNotFoundError):
         compare(a, tmp_path / "missing")
+
+
+def test_compare_takes_tasks_not_samples_as_the_unit(tmp_path):
+    """One task solved 4 times of 4, out of 38 (a bench of a small SFT model, 2026-11-25): per-sample counting called
+    Pass@1 2.6% against 0 'beyond noise'; over tasks it is one solved task, within noise. 20 of 38 is beyond it."""
+    def run(name, solved, per_task=4):
+        outs = [oc(f"t{i}", i < solved) for i in range(38) for _ in range(per_task)]
+        block = summarize(outs, Counter())
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps(
+            {"run": {"model": name, "samples": per_task}, "overall": block, "levels": {}}))
+
+    run("base", 0)
+    run("one", 1)
+    run("many", 20)
+    assert "| Pass@1 | 0.0 | 2.6 | +2.6 | within noise |" in compare(tmp_path / "base", tmp_path / "one")
+    assert "| Pass@1 | 0.0 | 52.6 | +52.6 | beyond noise |" in compare(tmp_path / "base", tmp_path / "many")

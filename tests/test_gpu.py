@@ -169,6 +169,31 @@ def test_shared_buffers_are_freed_whatever_the_subjects_did(tmp_path):
         assert torch.cuda.memory_allocated() == before, modes
 
 
+def test_candidate_visible_buffers_share_no_segment_with_the_judges_own(tmp_path):
+    """A CUDA IPC handle maps its block's whole segment (2 MiB for small blocks): a candidate mapping its input must
+    find no reference output there (cuda/exploit_39_ipc_segment). Its buffers come from the job's own pool, whose
+    segments go back to the device when the job drops it."""
+    import torch
+
+    from musacoder.verifier import buffers
+
+    def segment(ptr):
+        return next((s["address"] for s in torch.cuda.memory_snapshot()
+                     if s["address"] <= ptr < s["address"] + s["total_size"]), None)
+
+    dev = torch.device("cuda")
+    a, _ = buffers.alloc((1000,), torch.float32, dev, tmp_path)
+    b, _ = buffers.alloc((1000,), torch.float32, dev, tmp_path)
+    assert segment(a.data_ptr()) == segment(b.data_ptr())  # the allocator's default: small blocks share segments
+    pool = buffers.new_pool(dev)
+    c, _ = buffers.alloc((1000,), torch.float32, dev, tmp_path, pool)
+    seg = segment(c.data_ptr())
+    assert seg is not None and seg != segment(a.data_ptr())
+    del c, pool
+    torch.cuda.empty_cache()
+    assert segment(seg) is None
+
+
 def test_kernelbench_size_strict_job_judge_holds_a_few_tensors(cache_dir):
     """KernelBench's own 23_Softmax size (4096 x 393216 fp32, 6.4 GB a tensor) under the strict profile, timing on:
     the judge's device memory peaks at a few tensor sizes (input, reference output, candidate output, one input-sized

@@ -66,44 +66,70 @@ def outcome(turns: list[Row]) -> Outcome | None:
                    first_turn_ok=done[0].turn == 1 and done[0].passed, success_turn=ok[0].turn if ok else None)
 
 
-def task_mean(outcomes: list[Outcome], pred: Callable[[Outcome], bool]) -> float | None:
-    """Mean over tasks of the fraction of each task's samples for which pred holds."""
+def task_fractions(outcomes: list[Outcome], pred: Callable[[Outcome], bool]) -> list[float]:
+    """Each task's fraction of its samples for which pred holds."""
     by_task: dict[str, list[bool]] = defaultdict(list)
     for o in outcomes:
         by_task[o.task].append(bool(pred(o)))
-    return sum(sum(v) / len(v) for v in by_task.values()) / len(by_task) if by_task else None
+    return [sum(v) / len(v) for v in by_task.values()]
 
 
-def pass_at_ks(outcomes: list[Outcome]) -> dict[str, float]:
-    """Pass@k for every k up to the largest sample count, averaged over the tasks with at least k samples."""
+def _mean(vals: list[float]) -> float | None:
+    return sum(vals) / len(vals) if vals else None
+
+
+def task_mean(outcomes: list[Outcome], pred: Callable[[Outcome], bool]) -> float | None:
+    """Mean over tasks of the fraction of each task's samples for which pred holds."""
+    return _mean(task_fractions(outcomes, pred))
+
+
+def std_error(vals: list[float]) -> float | None:
+    """Standard error of a mean over tasks. Tasks are the independent units: a task's samples are not (four passing
+    samples of one task are one solved task, not four independent successes)."""
+    if len(vals) < 2:
+        return None
+    m = sum(vals) / len(vals)
+    return math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1) / len(vals))
+
+
+def pass_at_k_values(outcomes: list[Outcome]) -> dict[str, list[float]]:
+    """Each task's Pass@k, for every k up to the largest sample count (tasks with at least k samples)."""
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for o in outcomes:
         counts[o.task][0] += 1
         counts[o.task][1] += o.correct
     top = max((n for n, _ in counts.values()), default=0)
-    out = {}
-    for k in range(1, top + 1):
-        vals = [pass_at_k(n, c, k) for n, c in counts.values() if n >= k]
-        out[str(k)] = sum(vals) / len(vals)
-    return out
+    return {str(k): [pass_at_k(n, c, k) for n, c in counts.values() if n >= k] for k in range(1, top + 1)}
+
+
+def pass_at_ks(outcomes: list[Outcome]) -> dict[str, float]:
+    """Pass@k for every k up to the largest sample count, averaged over the tasks with at least k samples."""
+    return {k: _mean(v) for k, v in pass_at_k_values(outcomes).items()}
 
 
 def summarize(outcomes: list[Outcome], statuses: Counter, threshold: float = 1.1, ps=FAST_PS,
               multi_turn: bool = False) -> dict:
     """One block of metrics.json. `statuses` counts every sample's current status, unfinished ones included."""
+    rates = {"avg": lambda o: o.correct,  # Avg@n: mean fraction of a task's samples that pass
+             "faster_rate_eager": lambda o: faster(o.correct, o.speedup_eager, threshold),
+             "faster_rate_compile": lambda o: faster(o.correct, o.speedup_compile, threshold),
+             "compile_rate": lambda o: o.compiled}
+    rates |= {f"fast_{p:g}": lambda o, p=p: faster(o.correct, o.speedup_eager, p) for p in ps}
+    per_task = {k: task_fractions(outcomes, f) for k, f in rates.items()}
+    per_task |= {f"pass@{k}": v for k, v in pass_at_k_values(outcomes).items()}
+    means = {k: _mean(v) for k, v in per_task.items()}
     block = {
         "tasks": len({o.task for o in outcomes}),
         "samples": len(outcomes),
-        "pass_at_k": pass_at_ks(outcomes),
-        "avg": task_mean(outcomes, lambda o: o.correct),  # Avg@n: mean fraction of a task's samples that pass
-        "faster_rate_eager": task_mean(outcomes, lambda o: faster(o.correct, o.speedup_eager, threshold)),
-        "faster_rate_compile": task_mean(outcomes, lambda o: faster(o.correct, o.speedup_compile, threshold)),
-        "fast_p": {f"{p:g}": task_mean(outcomes, lambda o, p=p: faster(o.correct, o.speedup_eager, p)) for p in ps},
-        "compile_rate": task_mean(outcomes, lambda o: o.compiled),
+        "pass_at_k": {k[5:]: v for k, v in means.items() if k.startswith("pass@")},
+        **{k: means[k] for k in ("avg", "faster_rate_eager", "faster_rate_compile")},
+        "fast_p": {f"{p:g}": means[f"fast_{p:g}"] for p in ps},
+        "compile_rate": means["compile_rate"],
         "correct_timed": sum(o.correct and o.speedup_eager is not None for o in outcomes),
         "geomean_speedup_eager": geomean(o.speedup_eager for o in outcomes if o.correct),
         "geomean_speedup_compile": geomean(o.speedup_compile for o in outcomes if o.correct),
         "status": dict(sorted(statuses.items())),
+        "se": {k: std_error(v) for k, v in per_task.items()},  # of each rate's mean over tasks (bench compare)
     }
     if multi_turn:
         tts = Counter(str(o.success_turn) if o.success_turn else "never" for o in outcomes)

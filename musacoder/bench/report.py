@@ -159,12 +159,17 @@ def load_metrics(run_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def within_noise(pa: float, na: int, pb: float, nb: int, z: float = 1.96) -> bool:
-    """True when B - A is inside the 95% interval of a two-proportion difference (normal approximation, samples
-    taken as independent, which they are not quite within a task: a difference marked real may still be noise)."""
-    if not na or not nb:
+def within_noise(pa: float, na: int, pb: float, nb: int, z: float = 1.96, se_a: float | None = None,
+                 se_b: float | None = None) -> bool:
+    """True when B - A is inside the 95% interval of the difference. With each run's standard error over tasks
+    (metrics.json's `se`: tasks are the independent units), that interval; without (older runs), a two-proportion
+    normal approximation over `na` / `nb` units."""
+    if se_a is not None and se_b is not None:
+        se = math.sqrt(se_a ** 2 + se_b ** 2)
+    elif not na or not nb:
         return True
-    se = math.sqrt(pa * (1 - pa) / na + pb * (1 - pb) / nb)
+    else:
+        se = math.sqrt(pa * (1 - pa) / na + pb * (1 - pb) / nb)
     return abs(pb - pa) <= z * se if se > 0 else pb == pa
 
 
@@ -174,13 +179,14 @@ def compare(run_a: str | Path, run_b: str | Path) -> str:
     na, nb = a["run"]["samples"], b["run"]["samples"]
     ps = [p for p in a["overall"]["fast_p"] if p in b["overall"]["fast_p"]]
     n_label = str(na) if na == nb else "n"
-    metrics = [("Pass@1", lambda x, n: x["pass_at_k"].get("1")),
-               (f"Pass@{n_label}", lambda x, n: x["pass_at_k"].get(str(n))),
-               (f"Avg@{n_label}", lambda x, n: x["avg"]),
-               ("Faster vs eager", lambda x, n: x["faster_rate_eager"]),
-               ("Faster vs compile", lambda x, n: x["faster_rate_compile"]),
-               ("compiled", lambda x, n: x["compile_rate"])] + \
-        [(f"fast_{p}", lambda x, n, p=p: x["fast_p"][p]) for p in ps]
+    # (label, the rate's key in metrics.json's `se`, its value)
+    metrics = [("Pass@1", lambda n: "pass@1", lambda x, n: x["pass_at_k"].get("1")),
+               (f"Pass@{n_label}", lambda n: f"pass@{n}", lambda x, n: x["pass_at_k"].get(str(n))),
+               (f"Avg@{n_label}", lambda n: "avg", lambda x, n: x["avg"]),
+               ("Faster vs eager", lambda n: "faster_rate_eager", lambda x, n: x["faster_rate_eager"]),
+               ("Faster vs compile", lambda n: "faster_rate_compile", lambda x, n: x["faster_rate_compile"]),
+               ("compiled", lambda n: "compile_rate", lambda x, n: x["compile_rate"])] + \
+        [(f"fast_{p}", lambda n, p=p: f"fast_{p}", lambda x, n, p=p: x["fast_p"][p]) for p in ps]
     parts = [f"# {Path(run_a).name} vs {Path(run_b).name}", "",
              f"- A: `{a['run']['model']}` ({run_a}), n = {na}", f"- B: `{b['run']['model']}` ({run_b}), n = {nb}"]
     skip = {"model", "tasks"}
@@ -191,20 +197,19 @@ def compare(run_a: str | Path, run_b: str | Path) -> str:
         [(lv, a["levels"][lv], b["levels"][lv]) for lv in a["levels"] if lv in b["levels"]]
     for name, xa, xb in blocks:
         rows = []
-        for label, get in metrics:
+        for label, key, get in metrics:
             va, vb = get(xa, na), get(xb, nb)
             delta = "-" if va is None or vb is None else f"{100 * (vb - va):+.1f}"
             noise = ""
             if va is not None and vb is not None and va != vb:
-                # Pass@n is decided per task; the other rates per sample
-                size_a, size_b = (xa["tasks"], xb["tasks"]) if label.startswith("Pass@") and label != "Pass@1" \
-                    else (xa["samples"], xb["samples"])
-                noise = "within noise" if within_noise(va, size_a, vb, size_b) else "beyond noise"
+                quiet = within_noise(va, xa["tasks"], vb, xb["tasks"], se_a=xa.get("se", {}).get(key(na)),
+                                     se_b=xb.get("se", {}).get(key(nb)))
+                noise = "within noise" if quiet else "beyond noise"
             rows.append([label, pct(va), pct(vb), delta, noise])
         rows.append(["geomean vs eager", _x(xa["geomean_speedup_eager"]), _x(xb["geomean_speedup_eager"]), "", ""])
         rows.append(["tasks / samples", f"{xa['tasks']} / {xa['samples']}", f"{xb['tasks']} / {xb['samples']}", "",
                      ""])
         parts += ["", f"## {name} (%)", "", _table(["metric", "A", "B", "B - A", "noise"], rows)]
-    parts += ["", ("noise: whether B - A is inside the 95% interval of a difference of two proportions (over samples, "
-              "or tasks for Pass@n; samples of one task are not independent, so treat 'beyond' with care).")]
+    parts += ["", ("noise: whether B - A is inside the 95% interval of the difference, from each rate's standard error "
+              "over tasks (a task's samples are not independent: the task is the unit).")]
     return "\n".join(parts) + "\n"

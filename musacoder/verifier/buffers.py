@@ -11,10 +11,12 @@ job ends.
 from __future__ import annotations
 
 import base64
+import math
 import os
 import secrets
 import shutil
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -52,17 +54,26 @@ def device_ipc(device_type: str) -> bool:
     return device_type == "cuda"
 
 
-def alloc(shape, dtype: torch.dtype, device: torch.device, directory: Path) -> tuple[torch.Tensor, TensorRef]:
-    """A new zeroed contiguous tensor the judge owns, and the reference a subject opens it with."""
+def new_pool(device: torch.device):
+    """cuda: a memory pool for one job's candidate-visible buffers (None elsewhere). A CUDA IPC handle opens the whole
+    allocation a block lives in, a 2 MiB segment holding many small blocks, so a candidate that maps its input can read
+    every other block of that segment: the reference's output among them (exploit 39). Buffers from their own pool
+    share no segment with the judge's own; the judge drops the pool when the job ends."""
+    return torch.cuda.MemPool() if device_ipc(device.type) else None
+
+
+def alloc(shape, dtype: torch.dtype, device: torch.device, directory: Path,
+          pool=None) -> tuple[torch.Tensor, TensorRef]:
+    """A new zeroed contiguous tensor the judge owns, and the reference a subject opens it with (`pool`: the CUDA
+    memory pool to allocate from)."""
     shape = [int(s) for s in shape]
     if not device_ipc(device.type):
         path = directory / secrets.token_hex(8)
-        n = 1
-        for s in shape:
-            n *= s
+        n = math.prod(shape)
         t = torch.from_file(str(path), shared=True, size=max(n, 1), dtype=dtype)[:n].view(shape)
         return t, TensorRef(kind="shm", shape=shape, dtype=str(dtype), path=str(path))
-    t = torch.zeros(shape, dtype=dtype, device=device)
+    with torch.cuda.use_mem_pool(pool, device) if pool is not None else nullcontext():
+        t = torch.zeros(shape, dtype=dtype, device=device)
     from torch.multiprocessing.reductions import reduce_tensor
 
     _, args = reduce_tensor(t)
@@ -74,9 +85,7 @@ def prefix_view(t: torch.Tensor, ref: TensorRef, shape, dtype: torch.dtype) -> t
     file or the same CUDA IPC share (no new share, no new consumer count), opened with another shape. None when it does
     not fit. A smaller shape variant reuses the task shape's buffers this way instead of holding its own."""
     shape = [int(x) for x in shape]
-    n = 1
-    for x in shape:
-        n *= x
+    n = math.prod(shape)
     if dtype != t.dtype or not t.is_contiguous() or n > t.numel() or n == 0:
         return None
     v = t.reshape(-1)[:n].view(shape)
@@ -149,9 +158,7 @@ def disown(ref: TensorRef) -> int | None:
 
 def open_ref(ref: TensorRef) -> torch.Tensor:
     dtype = DTYPE_NAMES[ref.dtype]
-    n = 1
-    for s in ref.shape:
-        n *= s
+    n = math.prod(ref.shape)
     if ref.kind == "shm":
         return torch.from_file(ref.path, shared=True, size=max(n, 1), dtype=dtype)[:n].view(ref.shape)
     from torch.multiprocessing.reductions import rebuild_cuda_tensor

@@ -222,6 +222,7 @@ class _Run:
         self.cand: Subject | None = None
         self.builds: list[BuildReply] = []
         self.keep: list = []  # (tensor, reference) the judge shared with subjects: alive until the job ends
+        self.pool = buffers.new_pool(judge.device)  # where the buffers a candidate can map live (cuda)
 
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
@@ -306,13 +307,17 @@ class _Run:
             plan.append(("sign-symmetric inputs", Shape(), seed(), "sign"))
             plan += [(f"inputs x{s:g}", Shape(), seed(), f"scale{s:g}") for s in cc.rescale_factors]
         if cc.shape_variants:
-            factors = [(f, None) for f in rng.sample(list(cc.shape_scales),
-                                                     min(cc.shape_variant_count, len(cc.shape_scales)))]
-            factors += [(rng.choice(cc.shape_scales), rng)] if cc.ragged_shape else []
-            for factor, ragged in factors:
+            picks = [(f, None, "") for f in rng.sample(list(cc.shape_scales),
+                                                       min(cc.shape_variant_count, len(cc.shape_scales)))]
+            picks += [(rng.choice(cc.shape_scales), rng, "")] if cc.ragged_shape else []
+            sign = "sign" if cc.distribution_variants else ""
+            picks += [(rng.choice(cc.small_scales), None, sign)] if cc.small_shape else []
+            for factor, ragged, transform in picks:
                 over = scaled_constants(self.task, factor, cc.shape_min_size, ragged=ragged)
                 if over:
-                    plan.append(("shape " + ", ".join(f"{k}={v}" for k, v in over.items()), Shape(over), seed(), ""))
+                    label = "shape " + ", ".join(f"{k}={v}" for k, v in over.items())
+                    plan.append((label + (", sign-symmetric inputs" if transform else ""), Shape(over), seed(),
+                                 transform))
         first, rest = plan[0], plan[1:]
         rng.shuffle(rest)  # the order of checks is secret too; the first plain trial also checks determinism
         return [first, *rest]
@@ -417,9 +422,9 @@ class _Run:
         spec = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=in_refs))
         if not spec.ok:
             raise RuntimeError(spec.error)
-        ref_out, ref_refs = self.alloc_outputs(spec.spec, self.j.dir,
+        ref_out, ref_refs = self.alloc_outputs(spec.spec, False,
                                                None if within is None else (within["ref_out"], within["ref_refs"]))
-        cand_out, cand_refs = self.alloc_outputs(spec.spec, self.cand.private,
+        cand_out, cand_refs = self.alloc_outputs(spec.spec, True,
                                                  None if within is None else (within["cand_out"], within["cand_refs"]))
         return {**b, "spec": spec.spec, "ref_out": ref_out, "ref_refs": ref_refs, "cand_out": cand_out,
                 "cand_refs": cand_refs}
@@ -474,7 +479,7 @@ class _Run:
                 if within is not None and k < len(within["shared"]) and isinstance(within["shared"][k], torch.Tensor):
                     got = buffers.prefix_view(within["shared"][k], TensorRef.model_validate(within["in"][k]), shp,
                                               dtype)
-                t, ref = got or buffers.alloc(shp, dtype, self.j.device, self.cand.private)
+                t, ref = got or buffers.alloc(shp, dtype, self.j.device, self.cand.private, self.pool)
                 shared.append(t)
                 refs.append(ref.model_dump())
                 self.keep.append((t, ref))
@@ -483,14 +488,17 @@ class _Run:
                 refs.append(entry[1])
         return shared, refs
 
-    def alloc_outputs(self, spec: OutputSpec, directory: Path, within: tuple | None = None):
+    def alloc_outputs(self, spec: OutputSpec, candidate: bool, within: tuple | None = None):
+        """Output buffers of the reference (the judge's own) or of the candidate (in its pool)."""
+        directory, pool = (self.cand.private, self.pool) if candidate else (self.j.dir, None)
         outs, refs = [], []
         for k, leaf in enumerate(spec.leaves):
             if leaf["tensor"]:
                 got = None
                 if within is not None and k < len(within[0]) and within[0][k] is not None:
                     got = buffers.prefix_view(within[0][k], within[1][k], leaf["shape"], DTYPE_NAMES[leaf["dtype"]])
-                t, ref = got or buffers.alloc(leaf["shape"], DTYPE_NAMES[leaf["dtype"]], self.j.device, directory)
+                t, ref = got or buffers.alloc(leaf["shape"], DTYPE_NAMES[leaf["dtype"]], self.j.device, directory,
+                                              pool)
                 outs.append(t)
                 refs.append(ref)
                 self.keep.append((t, ref))
@@ -612,6 +620,10 @@ class _Run:
         self.keep.clear()
         if buffers.device_ipc(self.j.device.type):
             torch.cuda.ipc_collect()  # blocks whose consumers let go return to the allocator now
+        self.base = None
+        if self.pool is not None:
+            self.pool = None  # no tensor of it is left: its segments go back to the device, not to the next job
+            torch.cuda.empty_cache()
         for p in self.j.dir.iterdir():
             p.unlink(missing_ok=True)
 
@@ -679,7 +691,6 @@ def _finite(vals) -> bool:
 def _spot(b: dict, tol: float, rng: random.Random) -> str:
     res = spot_compare(b["cand_out"], b["ref_out"], tol, seed=rng.randrange(1, 2**31))
     return "" if res.ok else res.reason
-
 
 
 class _IdleCpu:
