@@ -115,16 +115,16 @@ def test_builtin_tasks_as_jsonl_need_no_change_and_keep_their_form(tmp_path):
     src.write_text("".join(json.dumps({"level": t.level, "problem_id": t.problem_id, "name": t.name,
                                        "code": t.code}) + "\n" for t in tasks) + "{broken\n")
     report = port(src, tmp_path / "out", device="cpu")
-    assert report["counts"] == {CONVERTED: 0, UNCHANGED: 6, DROPPED: 1, "total": 7}
-    assert report["levels"] == {"1": {CONVERTED: 0, UNCHANGED: 5, DROPPED: 0},
+    assert report["counts"] == {CONVERTED: 0, UNCHANGED: 7, DROPPED: 1, "total": 8}
+    assert report["levels"] == {"1": {CONVERTED: 0, UNCHANGED: 6, DROPPED: 0},
                                 "2": {CONVERTED: 0, UNCHANGED: 1, DROPPED: 0},
                                 "none": {CONVERTED: 0, UNCHANGED: 0, DROPPED: 1}}
     broken = report["tasks"][-1]
-    assert broken["key"] == "line7" and broken["reason"].startswith("does not load: Expecting property name")
+    assert broken["key"] == "line8" and broken["reason"].startswith("does not load: Expecting property name")
     assert all(e["size_scale"] == 1.0 for e in report["tasks"][:-1])  # small enough to run as they are
     out = [json.loads(line) for line in (tmp_path / "out" / "builtin.jsonl").read_text().splitlines()]
     assert out == [{"level": t.level, "problem_id": t.problem_id, "name": t.name, "code": t.code} for t in tasks]
-    assert report["reloaded"] == 6 and (tmp_path / "out" / "report.md").read_text().count("| unchanged | 1.0 |") == 6
+    assert report["reloaded"] == 7 and (tmp_path / "out" / "report.md").read_text().count("| unchanged | 1.0 |") == 7
 
 
 def test_cuda_tree_is_ported_reverified_and_planted_tasks_dropped(tmp_path):
@@ -139,7 +139,8 @@ def test_cuda_tree_is_ported_reverified_and_planted_tasks_dropped(tmp_path):
         (src / rel).write_text(code)
     report = port(src, tmp_path / "out", device="cpu", budget=2 * 2**20)
     by_key = {e["key"]: e for e in report["tasks"]}
-    assert report["counts"] == {CONVERTED: 7, UNCHANGED: 0, DROPPED: 3, "total": 10}
+    n = len(list(BUILTIN_DIR.rglob("*.py"))) + 1  # the built-in tasks and 200_CudaRelu
+    assert report["counts"] == {CONVERTED: n, UNCHANGED: 0, DROPPED: 3, "total": n + 3}
     assert report["levels"]["3"] == {CONVERTED: 0, UNCHANGED: 0, DROPPED: 3}
     for rel, (_, reason) in PLANTED.items():
         assert by_key[rel.removesuffix(".py")]["reason"].startswith(reason + ":"), by_key[rel.removesuffix(".py")]
@@ -156,7 +157,7 @@ def test_cuda_tree_is_ported_reverified_and_planted_tasks_dropped(tmp_path):
         text = path.read_text()
         assert ".cuda()" not in text and "import torch_musa\n" in text
         assert to_cuda(text).text == (src / path.relative_to(out)).read_text()
-    assert len(load_tasks(out)) == report["reloaded"] == 7
+    assert len(load_tasks(out)) == report["reloaded"] == n
     md = (out / "report.md").read_text()
     assert "| 3 | 0 | 0 | 3 |" in md and "| reference differs | 1 |" in md
 

@@ -166,8 +166,11 @@ def _capture(module, shape: Shape, backend: str) -> _Capture:
     graphs: list = []
 
     def record(gm, example_inputs):
+        # recorded once compiled: a float module attribute (LayerNorm's eps) first traced as a tensor makes Inductor
+        # restart the analysis (TensorifyScalarRestartAnalysis), and the abandoned graph is no graph break
+        compiled = compile_fx(gm, example_inputs)
         graphs.append(_graph_inputs(gm, example_inputs, names))
-        return compile_fx(gm, example_inputs)
+        return compiled
 
     try:
         with _settings(), torch.no_grad():

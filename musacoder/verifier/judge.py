@@ -307,17 +307,15 @@ class _Run:
             plan.append(("sign-symmetric inputs", Shape(), seed(), "sign"))
             plan += [(f"inputs x{s:g}", Shape(), seed(), f"scale{s:g}") for s in cc.rescale_factors]
         if cc.shape_variants:
-            picks = [(f, None, "") for f in rng.sample(list(cc.shape_scales),
-                                                       min(cc.shape_variant_count, len(cc.shape_scales)))]
-            picks += [(rng.choice(cc.shape_scales), rng, "")] if cc.ragged_shape else []
-            sign = "sign" if cc.distribution_variants else ""
-            picks += [(rng.choice(cc.small_scales), None, sign)] if cc.small_shape else []
-            for factor, ragged, transform in picks:
+            picks = [(f, None, [""]) for f in rng.sample(list(cc.shape_scales),
+                                                         min(cc.shape_variant_count, len(cc.shape_scales)))]
+            picks += [(rng.choice(cc.shape_scales), rng, [""])] if cc.ragged_shape else []
+            small = ["sign", "neg"] if cc.distribution_variants else [""]
+            picks += [(rng.choice(cc.small_scales), None, small)] if cc.small_shape else []
+            for factor, ragged, transforms in picks:
                 over = scaled_constants(self.task, factor, cc.shape_min_size, ragged=ragged)
-                if over:
-                    label = "shape " + ", ".join(f"{k}={v}" for k, v in over.items())
-                    plan.append((label + (", sign-symmetric inputs" if transform else ""), Shape(over), seed(),
-                                 transform))
+                label = "shape " + ", ".join(f"{k}={v}" for k, v in over.items())
+                plan += [(label + _TRANSFORM_LABELS[t], Shape(over), seed(), t) for t in transforms if over]
         first, rest = plan[0], plan[1:]
         rng.shuffle(rest)  # the order of checks is secret too; the first plain trial also checks determinism
         return [first, *rest]
@@ -686,6 +684,9 @@ def _same_layout(a: list, b: list) -> bool:
 
 def _finite(vals) -> bool:
     return all(not isinstance(v, torch.Tensor) or not v.is_floating_point() or all_finite(v) for v in vals)
+
+
+_TRANSFORM_LABELS = {"": "", "sign": ", sign-symmetric inputs", "neg": ", negative inputs"}
 
 
 def _spot(b: dict, tol: float, rng: random.Random) -> str:
