@@ -142,6 +142,9 @@ def _run_args(spec, out):
             "--backend", "cpu", "--no-timing", "--concurrency", "1"]
 
 
+N_SAMPLES = 2 * len(list((BUILTIN_DIR / "level1").glob("*.py")))  # _run_args' run: level-1 tasks x 2 samples
+
+
 def _generated(db: Path) -> int:
     """Samples generated so far; 0 while the run has not created its store yet."""
     try:
@@ -169,13 +172,13 @@ def test_cli_interrupted_and_resumed(tmp_path, cache_dir):
         assert proc.returncode != 0
         before = len(server.requests)
         done = _generated(db)
-        assert 3 <= done < 10  # interrupted part way
+        assert 3 <= done < N_SAMPLES  # interrupted part way
 
         r = subprocess.run(_cli(*args), env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
-        assert len(server.requests) - before == 10 - done  # only what was not finished is asked again
+        assert len(server.requests) - before == N_SAMPLES - done  # only what was not finished is asked again
         rows = Store(db).rows()
-        assert len(rows) == 10 and len({(x.task, x.sample, x.turn) for x in rows}) == 10
+        assert len(rows) == N_SAMPLES and len({(x.task, x.sample, x.turn) for x in rows}) == N_SAMPLES
         assert all(x.status == "format_error" for x in rows)
         assert "Pass@2" in r.stdout and json.loads((out / "metrics.json").read_text())["unfinished"] == 0
 
@@ -190,7 +193,7 @@ def test_cli_interrupted_and_resumed(tmp_path, cache_dir):
                            capture_output=True, text=True, timeout=120)
     finally:
         refusing.close()
-    assert r.returncode == 1 and "10 samples unfinished" in r.stderr
+    assert r.returncode == 1 and f"{N_SAMPLES} samples unfinished" in r.stderr
     assert "generation_error" in (tmp_path / "down" / "report.md").read_text()
     r = subprocess.run(_cli(*_run_args("nonsense", tmp_path / "bad")), env=env, capture_output=True, text=True,
                        timeout=60)
