@@ -173,20 +173,25 @@ def within_noise(pa: float, na: int, pb: float, nb: int, z: float = 1.96, se_a: 
     return abs(pb - pa) <= z * se if se > 0 else pb == pa
 
 
+def _rate(block: dict, key: str) -> float | None:
+    """A rate of a metrics.json block by its `se` key: pass@K, fast_P or the block's own key."""
+    if key.startswith("pass@"):
+        return block["pass_at_k"].get(key[5:])
+    if key.startswith("fast_"):
+        return block["fast_p"][key[5:]]
+    return block[key]
+
+
 def compare(run_a: str | Path, run_b: str | Path) -> str:
     """Markdown with two runs side by side (percent, B - A in points) for the overall and each shared level."""
     a, b = load_metrics(run_a), load_metrics(run_b)
     na, nb = a["run"]["samples"], b["run"]["samples"]
     ps = [p for p in a["overall"]["fast_p"] if p in b["overall"]["fast_p"]]
     n_label = str(na) if na == nb else "n"
-    # (label, the rate's key in metrics.json's `se`, its value)
-    metrics = [("Pass@1", lambda n: "pass@1", lambda x, n: x["pass_at_k"].get("1")),
-               (f"Pass@{n_label}", lambda n: f"pass@{n}", lambda x, n: x["pass_at_k"].get(str(n))),
-               (f"Avg@{n_label}", lambda n: "avg", lambda x, n: x["avg"]),
-               ("Faster vs eager", lambda n: "faster_rate_eager", lambda x, n: x["faster_rate_eager"]),
-               ("Faster vs compile", lambda n: "faster_rate_compile", lambda x, n: x["faster_rate_compile"]),
-               ("compiled", lambda n: "compile_rate", lambda x, n: x["compile_rate"])] + \
-        [(f"fast_{p}", lambda n, p=p: f"fast_{p}", lambda x, n, p=p: x["fast_p"][p]) for p in ps]
+    # (label, the rate's key in a block's `se`; {n}: the run's sample count)
+    metrics = [("Pass@1", "pass@1"), (f"Pass@{n_label}", "pass@{n}"), (f"Avg@{n_label}", "avg"),
+               ("Faster vs eager", "faster_rate_eager"), ("Faster vs compile", "faster_rate_compile"),
+               ("compiled", "compile_rate")] + [(f"fast_{p}", f"fast_{p}") for p in ps]
     parts = [f"# {Path(run_a).name} vs {Path(run_b).name}", "",
              f"- A: `{a['run']['model']}` ({run_a}), n = {na}", f"- B: `{b['run']['model']}` ({run_b}), n = {nb}"]
     skip = {"model", "tasks"}
@@ -197,13 +202,14 @@ def compare(run_a: str | Path, run_b: str | Path) -> str:
         [(lv, a["levels"][lv], b["levels"][lv]) for lv in a["levels"] if lv in b["levels"]]
     for name, xa, xb in blocks:
         rows = []
-        for label, key, get in metrics:
-            va, vb = get(xa, na), get(xb, nb)
+        for label, key in metrics:
+            ka, kb = key.format(n=na), key.format(n=nb)
+            va, vb = _rate(xa, ka), _rate(xb, kb)
             delta = "-" if va is None or vb is None else f"{100 * (vb - va):+.1f}"
             noise = ""
             if va is not None and vb is not None and va != vb:
-                quiet = within_noise(va, xa["tasks"], vb, xb["tasks"], se_a=xa.get("se", {}).get(key(na)),
-                                     se_b=xb.get("se", {}).get(key(nb)))
+                quiet = within_noise(va, xa["tasks"], vb, xb["tasks"], se_a=xa.get("se", {}).get(ka),
+                                     se_b=xb.get("se", {}).get(kb))
                 noise = "within noise" if quiet else "beyond noise"
             rows.append([label, pct(va), pct(vb), delta, noise])
         rows.append(["geomean vs eager", _x(xa["geomean_speedup_eager"]), _x(xb["geomean_speedup_eager"]), "", ""])

@@ -314,8 +314,9 @@ class _Run:
             picks += [(rng.choice(cc.small_scales), None, small)] if cc.small_shape else []
             for factor, ragged, transforms in picks:
                 over = scaled_constants(self.task, factor, cc.shape_min_size, ragged=ragged)
-                label = "shape " + ", ".join(f"{k}={v}" for k, v in over.items())
-                plan += [(label + _TRANSFORM_LABELS[t], Shape(over), seed(), t) for t in transforms if over]
+                if over:
+                    label = "shape " + ", ".join(f"{k}={v}" for k, v in over.items())
+                    plan += [(label + _TRANSFORM_LABELS[t], Shape(over), seed(), t) for t in transforms]
         first, rest = plan[0], plan[1:]
         rng.shuffle(rest)  # the order of checks is secret too; the first plain trial also checks determinism
         return [first, *rest]
