@@ -186,10 +186,13 @@ def test_candidate_visible_buffers_share_no_segment_with_the_judges_own(tmp_path
     b, _ = buffers.alloc((1000,), torch.float32, dev, tmp_path)
     assert segment(a.data_ptr()) == segment(b.data_ptr())  # the allocator's default: small blocks share segments
     pool = buffers.new_pool(dev)
-    c, _ = buffers.alloc((1000,), torch.float32, dev, tmp_path, pool)
+    c, ref = buffers.alloc((1000,), torch.float32, dev, tmp_path, pool)
     seg = segment(c.data_ptr())
     assert seg is not None and seg != segment(a.data_ptr())
-    del c, pool
+    buffers.disown(ref)  # what the judge does at job end (_Run.close): the share is let go, then the pool
+    del c
+    torch.cuda.ipc_collect()
+    del pool
     torch.cuda.empty_cache()
     assert segment(seg) is None
 

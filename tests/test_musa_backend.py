@@ -367,14 +367,15 @@ def test_musa_prompt():
 # ---- end to end --------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_musa_on_cuda_gives_the_cuda_verdicts(cache_dir):
-    """Every shipped CUDA example, translated c2m and verified with musa-on-cuda, gets its original's status."""
+    """Every shipped CUDA example, translated c2m and verified with musa-on-cuda, gets its original's status. Timing
+    off: with it, the two passes did not end within 190 s on an H200 (2026-11-26)."""
     from musacoder.verifier.api import verify_many
 
     examples = load_catalog("cuda")
     pairs = [(builtin_task(e.task), e.path.read_text()) for e in examples]
-    cuda = dict(verify_many(pairs, VerifyConfig(backend="cuda", cache_dir=cache_dir)))
+    cuda = dict(verify_many(pairs, VerifyConfig(backend="cuda", cache_dir=cache_dir, timing_enabled=False)))
     musa = dict(verify_many([(t, translate(c, C2M).text) for t, c in pairs],
-                            VerifyConfig(backend="musa-on-cuda", cache_dir=cache_dir)))
+                            VerifyConfig(backend="musa-on-cuda", cache_dir=cache_dir, timing_enabled=False)))
     for i, e in enumerate(examples):
         assert musa[i].emulated and not cuda[i].emulated
         if e.expect == "ok_timed":  # caught or not depending on timing, in either run

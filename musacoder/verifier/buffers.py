@@ -72,7 +72,8 @@ def alloc(shape, dtype: torch.dtype, device: torch.device, directory: Path,
         n = math.prod(shape)
         t = torch.from_file(str(path), shared=True, size=max(n, 1), dtype=dtype)[:n].view(shape)
         return t, TensorRef(kind="shm", shape=shape, dtype=str(dtype), path=str(path))
-    with torch.cuda.use_mem_pool(pool, device) if pool is not None else nullcontext():
+    index = torch.cuda.current_device() if device.index is None else device.index  # use_mem_pool needs an index
+    with torch.cuda.use_mem_pool(pool, index) if pool is not None else nullcontext():
         t = torch.zeros(shape, dtype=dtype, device=device)
     from torch.multiprocessing.reductions import reduce_tensor
 

@@ -122,6 +122,8 @@ def _prep(t: torch.Tensor, device, dtype, transform: str, gen) -> torch.Tensor:
         t = t * (torch.randint(0, 2, t.shape, generator=gen, device=device, dtype=t.dtype) * 2 - 1)
     elif transform == "neg":  # every value at most -1: a max initialised with 0 instead of -inf shows
         t = -(t.abs() + 1)
+    elif transform == "pos":  # every value at least 1: a min initialised with 0 instead of +inf shows
+        t = t.abs() + 1
     elif transform.startswith("scale"):
         t = t * float(transform[5:])
     return t.to(dtype)

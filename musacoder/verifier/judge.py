@@ -299,7 +299,9 @@ class _Run:
             self.f.processes_spawned = len(_descendants(self.cand.proc.proc.pid))
 
     # ---- correctness ---------------------------------------------------------------------------------------------
-    def plan(self) -> list[tuple[str, Shape, int, str]]:
+    def plan(self) -> list[tuple[int, str, Shape, int, str]]:
+        """(rank, label, shape, seed, transform) of each trial, run in secret order; `rank` is the trial's place in
+        the fixed order a verdict reports failures in (base seeds first), so one candidate's reason does not vary."""
         cc, rng = self.cfg.correctness, self.rng
         seed = lambda: rng.randrange(1, 2**31)  # noqa: E731
         plan = [("seed", Shape(), seed(), "") for _ in range(cc.seeds)]
@@ -310,18 +312,24 @@ class _Run:
             picks = [(f, None, [""]) for f in rng.sample(list(cc.shape_scales),
                                                          min(cc.shape_variant_count, len(cc.shape_scales)))]
             picks += [(rng.choice(cc.shape_scales), rng, [""])] if cc.ragged_shape else []
-            small = ["sign", "neg"] if cc.distribution_variants else [""]
+            small = ["sign", "neg", "pos"] if cc.distribution_variants else [""]
             picks += [(rng.choice(cc.small_scales), None, small)] if cc.small_shape else []
             for factor, ragged, transforms in picks:
                 over = scaled_constants(self.task, factor, cc.shape_min_size, ragged=ragged)
                 if over:
                     label = "shape " + ", ".join(f"{k}={v}" for k, v in over.items())
                     plan += [(label + _TRANSFORM_LABELS[t], Shape(over), seed(), t) for t in transforms]
-        first, rest = plan[0], plan[1:]
+        first, *rest = [(rank, *item) for rank, item in enumerate(plan)]
         rng.shuffle(rest)  # the order of checks is secret too; the first plain trial also checks determinism
         return [first, *rest]
 
     def trials(self, task_key: str) -> bool:
+        rank: dict[int, int] = {}  # id(trial) -> its plan rank
+        ok = self.run_trials(task_key, rank)
+        self.f.trials.sort(key=lambda t: rank[id(t)])
+        return ok
+
+    def run_trials(self, task_key: str, rank: dict[int, int]) -> bool:
         f, cfg = self.f, self.cfg
         tol, rel = cfg.tolerance(), cfg.rel_tolerance()
         self.weight_seed = self.rng.randrange(1, 2**31)
@@ -330,7 +338,7 @@ class _Run:
         # shape key -> buffers, allocated once and refilled by later trials; a shape variant's are views of the task
         # shape's where they fit (buffers.prefix_view), so the judge holds one set of buffers whatever the trials
         bufs: dict[str, dict] = {}
-        for i, (kind, shape, seed, transform) in enumerate(self.plan()):
+        for i, (order, kind, shape, seed, transform) in enumerate(self.plan()):
             base_trial = kind == "seed"
             try:
                 raw = raw_inputs(self.task, shape, seed, self.j.device)
@@ -355,6 +363,7 @@ class _Run:
                 continue
             trial = Trial(kind=kind)
             f.trials.append(trial)
+            rank[id(trial)] = order
             if shape.key not in built:
                 r = self.ccall(self._model_cmd(shape))
                 built[shape.key] = r.ok
@@ -687,7 +696,7 @@ def _finite(vals) -> bool:
     return all(not isinstance(v, torch.Tensor) or not v.is_floating_point() or all_finite(v) for v in vals)
 
 
-_TRANSFORM_LABELS = {"": "", "sign": ", sign-symmetric inputs", "neg": ", negative inputs"}
+_TRANSFORM_LABELS = {"": "", "sign": ", sign-symmetric inputs", "neg": ", negative inputs", "pos": ", positive inputs"}
 
 
 def _spot(b: dict, tol: float, rng: random.Random) -> str:
