@@ -27,9 +27,9 @@ class CorrectnessConfig(Settings):
     # one more shape variant with odd sizes (a secret 1-7 below a scaled size): a kernel that skips the tail of a
     # block, or assumes sizes divisible by its block, fails it; a task the reference rejects it for skips it
     ragged_shape: bool = True
-    # two more at small sizes (a secret factor of these), one with sign-symmetric inputs, one with every value <= -1:
-    # an approximation whose error shrinks as sizes grow (ReLU as max(softmax(x), x) is within atol 1e-4 on rows of
-    # 8000+) fails the first, a max initialised with 0 instead of -inf the second
+    # three more at small sizes (a secret factor of these): sign-symmetric inputs, every value <= -1, every value >= 1.
+    # An approximation whose error shrinks as sizes grow (ReLU as max(softmax(x), x) is within atol 1e-4 on rows of
+    # 8000+) fails the first, a max initialised with 0 instead of -inf the second, a min initialised with 0 the third
     small_shape: bool = True
     small_scales: tuple[float, ...] = (0.125, 0.1875, 0.25)
     shape_min_size: int = 8  # ints below this (dims, kernel sizes) are never rescaled

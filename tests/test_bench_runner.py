@@ -165,8 +165,10 @@ def test_cli_interrupted_and_resumed(tmp_path, cache_dir):
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         db = out / "samples.sqlite"
         deadline = time.time() + 60
-        while time.time() < deadline and proc.poll() is None and _generated(db) < 3:
-            time.sleep(0.1)
+        # the server's count, not the database's: polling SQLite beside its writer can read "locked" (0) until the
+        # run has ended; one request at a time, so the fifth request means four answers came back
+        while time.time() < deadline and proc.poll() is None and len(server.requests) < 5:
+            time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
         assert proc.returncode != 0

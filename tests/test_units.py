@@ -92,13 +92,16 @@ def test_compare_in_chunks_matches_whole_and_leaves_buffers_alone(monkeypatch):
     o = r + 1e-3 * torch.randn(7, 13, generator=g, dtype=torch.float64)
     o[3, 5], r[4, 1], o[4, 1] = 0.5, float("inf"), float("inf")
     o0, r0 = o.clone(), r.clone()
-    whole, whole_rel = compare(o, r, 1e-4), compare(o, r, 1e-4, 1e-3)
+    small = 1e-5 * torch.randn(7, 13, generator=g, dtype=torch.float64)  # every element within atol, all wrong
+    whole, whole_rel = compare(o, r, 1e-4), compare(2 * small, small, 1e-4, 1e-3)
     monkeypatch.setattr(correctness, "CHUNK", 5)
-    chunked, chunked_rel = compare(o, r, 1e-4), compare(o, r, 1e-4, 1e-3)
+    chunked, chunked_rel = compare(o, r, 1e-4), compare(2 * small, small, 1e-4, 1e-3)
     assert torch.equal(o, o0) and torch.equal(r, r0)
     assert not chunked.ok and chunked.reason == whole.reason and chunked.where == "index (3, 5)"
     assert not chunked_rel.ok and "relative error" in chunked_rel.reason
     assert chunked_rel.reason.split(" is over")[0] == whole_rel.reason.split(" is over")[0]
+    # elements over atol: the mismatch is what is reported, never "every element is within atol"
+    assert compare(o, r, 1e-4, 1e-3).reason == whole.reason
     assert compare(r.clone(), r, 1e-4, 1e-3).ok
     nan_late = r.clone()
     nan_late[6, 12] = float("nan")

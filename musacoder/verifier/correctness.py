@@ -130,13 +130,13 @@ def _compare_tensor(path, o, r, tol, shape, rel_l2=None) -> Comparison:
     mean = total / n
     if not any_out and any_ref:
         return Comparison(False, f"{path} is all zeros but the reference is not")
-    if rel_l2 is not None and sq_ref > 0 and sq_diff > (rel_l2 ** 2) * sq_ref:
-        return Comparison(False, f"{path} relative error {(sq_diff / sq_ref) ** 0.5:.3g} (L2, against the reference's "
-                          f"magnitude) is over {rel_l2:g}, although every element is within atol {tol:g}", mx, mean)
-    if bad:
+    if bad:  # before the relative check, whose message says every element is within atol
         where = _unravel(worst_at[1], shape)
         return Comparison(False, f"{path} mismatch: max abs error {mx:.3g}, mean {mean:.3g}, {bad}/{n} elements over "
                           f"tolerance {tol:g}, worst at {where}", mx, mean, where)
+    if rel_l2 is not None and sq_ref > 0 and sq_diff > (rel_l2 ** 2) * sq_ref:
+        return Comparison(False, f"{path} relative error {(sq_diff / sq_ref) ** 0.5:.3g} (L2, against the reference's "
+                          f"magnitude) is over {rel_l2:g}, although every element is within atol {tol:g}", mx, mean)
     return Comparison(True, max_abs=mx, mean_abs=mean)
 
 
