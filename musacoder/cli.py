@@ -58,13 +58,17 @@ ProfileOpt = typer.Option("strict", help="strict adds input and shape variants; 
 
 
 def _config(backend: str, profile: str, no_timing: bool, seeds: int, precision: str = "fp32",
-            run_timeout: float | None = None, worker_mem_gb: float | None = None):
+            run_timeout: float | None = None, worker_mem_gb: float | None = None, sets: list[str] | None = None):
     from musacoder.config import VerifyConfig
 
-    extra = {k: v for k, v in (("run_timeout_s", run_timeout), ("worker_mem_gb", worker_mem_gb)) if v is not None}
-    cfg = VerifyConfig(backend=backend, profile=profile, precision=precision, timing_enabled=not no_timing, **extra)
-    cfg.correctness.seeds = seeds
-    return cfg
+    options = {"backend": backend, "profile": profile, "precision": precision, "timing_enabled": not no_timing,
+               "correctness": {"seeds": seeds}}
+    optional = (("run_timeout_s", run_timeout), ("worker_mem_gb", worker_mem_gb))
+    options.update((k, v) for k, v in optional if v is not None)
+    try:
+        return VerifyConfig.from_options(options, sets)
+    except ValueError as e:
+        fail(f"--set: {e}")
 
 
 def _resolve_backend(backend: str) -> tuple[str, str]:
@@ -390,12 +394,15 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind (0.0.0.0: 
           max_body_mb: float = typer.Option(16.0, help="request bodies over this get 413"),
           ray_address: str | None = typer.Option(None, help="front a Ray cluster ('auto', 'ray://host:10001')"),
           compile_workers: int | None = typer.Option(None, help="compile workers (default: cores - devices)"),
-          log_level: LogLevel = typer.Option("info", help="uvicorn log level")):
+          log_level: LogLevel = typer.Option("info", help="uvicorn log level"),
+          set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE",
+                                         help="a verifier setting the options above do not cover, YAML value; "
+                                              "repeatable (devices=[0,0,1,1]: two judges on each of two GPUs)")):
     """Serve verifications over HTTP (needs the serve extra). The verifier settings are fixed at start."""
+    cfg = _config(backend, profile, no_timing, seeds, sets=set_)
     from musacoder.service.app import serve as run_service
     from musacoder.service.settings import ServiceSettings
 
-    cfg = _config(backend, profile, no_timing, seeds)
     if cache_dir:
         cfg.cache_dir = cache_dir
     settings = ServiceSettings(token=token or None, max_queue=max_queue, max_body_mb=max_body_mb)

@@ -31,6 +31,15 @@ class Settings:
             raise ValueError(f"{path}: expected a mapping of settings, got {type(loaded).__name__}")
         return cls.from_dict(merge(merge(loaded, parse_overrides(overrides or [])), fields))
 
+    @classmethod
+    def from_options(cls, options: dict, sets: list[str] | None = None):
+        """A command's options and its `--set KEY=VALUE` overrides on the defaults. A setting an option gives is
+        refused in --set: one of the two would be dropped without a word."""
+        over = parse_overrides(sets or [])
+        if clash := sorted(_leaves(over) & _leaves(options)):
+            raise ValueError(f"{', '.join(clash)}: this command sets it with an option of its own, not with --set")
+        return cls.from_dict(merge(options, over))
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -60,6 +69,12 @@ def merge(base: dict, over: dict) -> dict:
     for k, v in over.items():
         merged[k] = merge(merged[k], v) if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
     return merged
+
+
+def _leaves(d: dict, prefix: str = "") -> set[str]:
+    """Dotted paths of the values that are not mappings."""
+    return {p for k, v in d.items()
+            for p in (_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"})}
 
 
 _SCALARS = {int: (int,), float: (int, float), str: (str,), bool: (bool,), dict: (dict,), list: (list, tuple)}

@@ -78,6 +78,27 @@ def test_bench_bad_choice_and_missing_option(capsys, tmp_path):
     assert "error: Invalid value for '--backend'" in e and "error: Missing option" in e
 
 
+def test_bench_set_reaches_the_verifier_and_a_typo_fails_first(capsys, tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(tasks, client, out, cfg, vcfg, **kw):
+        seen["vcfg"] = vcfg
+        raise KeyboardInterrupt  # stop here: nothing to generate
+
+    monkeypatch.setattr("musacoder.bench.runner.run_bench", fake_run)
+    (tmp_path / "replay.jsonl").write_text("")
+    base = ["run", "--tasks", BUILTIN_DIR, "--model", f"replay:{tmp_path / 'replay.jsonl'}", "--out", tmp_path / "run",
+            "--no-timing"]
+    assert call(bench_app, *base, "--set", "devices=[0,0,0,0]", "--set", "correctness.seeds=2") == 130
+    v = seen["vcfg"]
+    assert v.devices == (0, 0, 0, 0) and v.correctness.seeds == 2 and not v.timing_enabled
+    seen.clear()
+    assert call(bench_app, *base, "--set", "judges=4") == 2  # before the model is loaded or a task read
+    assert call(bench_app, *base, "--set", "profile=kernelbench") == 2  # --profile's: it would be dropped
+    e = capsys.readouterr().err
+    assert "error: --set: unknown VerifyConfig setting" in e and "profile: this command sets it" in e and not seen
+
+
 def test_backend_foo_subprocess_does_not_hang(tmp_path):
     args = ["verify", "--tasks", str(RELU_PY), "--candidate", str(tmp_path / "c.py"), "--backend", "foo"]
     r = subprocess.run([sys.executable, "-m", "musacoder.cli", *args], check=False, capture_output=True, text=True,
@@ -353,6 +374,15 @@ def test_set_overrides_are_typed_and_validated(tmp_path, capsys):
         with pytest.raises(ValueError, match=said):  # not a tuple of characters that fails deep in the pool
             VerifyConfig.from_dict(bad)
     assert VerifyConfig.from_dict({"devices": [0, 0]}).devices == (0, 0)
+    # options and --set together: a setting an option gives cannot also come from --set (one would be dropped)
+    opts = {"profile": "strict", "correctness": {"seeds": 5}}
+    v = VerifyConfig.from_options(opts, ["correctness.shape_variants=false", "devices=[1]"])
+    assert (v.profile, v.correctness.seeds, v.correctness.shape_variants, v.devices) == ("strict", 5, False, (1,))
+    for clash in ("profile=kernelbench", "correctness.seeds=2", "correctness={seeds: 2}"):
+        with pytest.raises(ValueError, match="sets it with an option of its own"):
+            VerifyConfig.from_options(opts, [clash])
+    assert call(cli.app, "serve", "--set", "judges=2") == 2  # before anything is started
+    assert "error: --set: unknown VerifyConfig setting(s): ['judges']" in capsys.readouterr().err
     # the command line says it as an error line, before any model or data is touched
     (tmp_path / "empty.yaml").write_text("{}\n")
     for command in ("sft", "rft", "rl"):

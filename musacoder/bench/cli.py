@@ -46,7 +46,10 @@ def run(tasks: Path = typer.Option(..., "--tasks", help="KernelBench .jsonl/.par
                                               "answer (openai); a timed-out request is recorded, not re-sent"),
         max_model_len: int = typer.Option(0, min=0, help="the model's context in tokens (openai; 0: ask the "
                                           "server); prompts and max_tokens are fitted into it"),
-        force: bool = typer.Option(False, "--force", help="report fewer samples/turns than OUT holds")):
+        force: bool = typer.Option(False, "--force", help="report fewer samples/turns than OUT holds"),
+        set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE",
+                                       help="a verifier setting the options above do not cover, YAML value; "
+                                            "repeatable (devices=[0,0,0,0]: four judges on GPU 0)")):
     """Generate, verify and score; writes samples.sqlite, metrics.json, report.md and plots under OUT.
 
     MODEL, one of:
@@ -65,6 +68,11 @@ def run(tasks: Path = typer.Option(..., "--tasks", help="KernelBench .jsonl/.par
     from musacoder.tasks import TaskLoadError
     from musacoder.tasks.select import select_tasks
 
+    try:  # before anything slow (loading a model): a mistyped setting fails at once
+        vcfg = VerifyConfig.from_options({"profile": profile, "precision": precision, "timing_enabled": not no_timing},
+                                         set_)
+    except ValueError as e:
+        fail(f"--set: {e}")
     try:
         task_list = select_tasks(tasks, levels, ids, names)
         client = make_client(model, concurrency=concurrency, batch_size=batch_size, request_timeout=request_timeout,
@@ -72,7 +80,6 @@ def run(tasks: Path = typer.Option(..., "--tasks", help="KernelBench .jsonl/.par
         cfg = BenchConfig(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens, turns=turns,
                           stop_on_success=stop_on_success, backend=backend, one_shot=one_shot,
                           faster_threshold=faster_threshold, overlap=overlap)
-        vcfg = VerifyConfig(profile=profile, precision=precision, timing_enabled=not no_timing)
         console.print(f"{len(task_list)} tasks x {samples} samples, model [bold]{escape(model)}[/bold] -> {out}")
         m = run_bench(task_list, client, out, cfg, vcfg, console=console, force=force)
     except (TaskLoadError, ReplayError, RunMismatch, ValueError) as e:

@@ -124,7 +124,6 @@ def solve(out: Path = typer.Option(..., help="directory: solutions.jsonl (every 
 
     from musacoder.config import VerifyConfig
     from musacoder.conversation import STYLES
-    from musacoder.settings import parse_overrides
     from musacoder.synth.solve import SFT, SOLUTIONS, TeacherConfig, solve_tasks, teach_tasks
     from musacoder.tasks import TaskLoadError
     from musacoder.tasks.select import select_tasks
@@ -151,7 +150,7 @@ def solve(out: Path = typer.Option(..., help="directory: solutions.jsonl (every 
         cfg = TeacherConfig(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                             turns=turns, prompt=prompt)
     try:
-        vcfg = VerifyConfig.from_dict({**parse_overrides(set_), "backend": backend})
+        vcfg = VerifyConfig.from_options({"backend": backend}, set_)
     except ValueError as e:
         fail(f"--set: {e}")
     with LoggedProgress(console=err, transient=True) as bar:
