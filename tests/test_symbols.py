@@ -1,6 +1,5 @@
 """Legality from the binary: import allowlist, kernel names from nvcc objects, profiler-name attribution."""
 
-import os
 import shutil
 import subprocess
 import textwrap
@@ -255,21 +254,23 @@ TORCH_LIBRARY_IMPL(mc_sym_exploit, CPU, m) { m.impl("f", &op_body); }
 """
 
 
-def _build(name: str, src: str, functions) -> Path:
+def _build(cache_dir: str, name: str, src: str, functions) -> Path:
     from torch.utils.cpp_extension import load_inline
 
-    root = Path(os.environ.get("MUSACODER_TEST_CACHE") or "/tmp/musacoder-test-cache") / "symbols" / name
+    # the session's cache, never a fixed /tmp path: a build killed in an earlier run leaves torch's lock file
+    # behind there, and load_inline then waits on it forever (CI timed out on that)
+    root = Path(cache_dir) / "symbols" / name
     root.mkdir(parents=True, exist_ok=True)
     mod = load_inline(name=name, cpp_sources=src, functions=functions, build_directory=str(root),
                       extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
     return Path(mod.__file__)
 
 
-def test_real_extensions():
-    honest = library_symbols(_build("mc_sym_honest", HONEST_EXT, ["relu_own"]))
+def test_real_extensions(cache_dir):
+    honest = library_symbols(_build(cache_dir, "mc_sym_honest", HONEST_EXT, ["relu_own"]))
     assert "std::thread::hardware_concurrency()" in honest.imported
     assert check_imports(honest.imported, "cpu") == []
-    bad = library_symbols(_build("mc_sym_exploit", EXPLOIT_EXT, ["aten_api", "cpu_ns", "native_ns", "blas",
+    bad = library_symbols(_build(cache_dir, "mc_sym_exploit", EXPLOIT_EXT, ["aten_api", "cpu_ns", "native_ns", "blas",
                                                                   "exclude", "dl"]))
     problems = check_imports(bad.imported, "cpu")
     expected = {  # class -> the symbol its function (and only it) imports
