@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from musacoder.musa.translate import M2C, looks_like_python, translate_cpp, translate_python
+from musacoder.pyast import parse
 
 
 class CompileCheckError(ValueError):
@@ -146,7 +147,7 @@ def _unit(name, prefix, pieces, suffix, call_line, compiler, flags, ext_name) ->
 
 def units_of(cuda_python: str) -> list[Unit]:
     """The translation units of every `load_inline(...)` call in a (CUDA-dialect) Python candidate."""
-    tree = ast.parse(cuda_python)
+    tree = parse(cuda_python)
     env = _bindings(tree)
     units: list[Unit] = []
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and (
@@ -270,7 +271,7 @@ def compile_check(musa: str, timeout: float = 900) -> CompileCheck:
     _cuda_includes()  # no nvcc: say so before anything else
     if looks_like_python(musa):
         try:
-            ast.parse(musa)
+            parse(musa)
         except SyntaxError as e:
             raise CompileCheckError(f"not valid Python (line {e.lineno}: {e.msg})") from None
         units = units_of(translate_python(musa, M2C))

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from musacoder.musa.translate import C2M, M2C, Result, translate_python
+from musacoder.pyast import parse
 from musacoder.tasks.model import Task, TaskLoadError
 
 # The torch.musa API torch_musa documents (torch_musa/core/device.py, stream.py, random.py, memory.py): a
@@ -56,7 +57,7 @@ def _imports_torch_musa(tree: ast.Module) -> bool:
 
 def _insert_import(text: str) -> str:
     """`import torch_musa` after the first top-level torch import (after `from __future__` imports if none)."""
-    tree = ast.parse(text)
+    tree = parse(text)
     if _imports_torch_musa(tree):
         return text
     after = 0
@@ -74,7 +75,7 @@ def _insert_import(text: str) -> str:
 def _drop_import(text: str) -> str:
     """The text without the `import torch_musa` line `to_musa` adds (the first such top-level line, exactly)."""
     lines = text.splitlines(keepends=True)
-    for n in ast.parse(text).body:
+    for n in parse(text).body:
         if isinstance(n, ast.Import) and n.lineno == n.end_lineno and lines[n.lineno - 1].rstrip("\r\n") == IMPORT_LINE:
             return "".join(lines[:n.lineno - 1] + lines[n.lineno:])
     return text
@@ -98,7 +99,7 @@ def cuda_only(musa: str) -> list[str]:
     from musacoder.musa.portability import check
     from musacoder.verifier.static import dotted_name
 
-    tree = ast.parse(musa)
+    tree = parse(musa)
     docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
     found: list[str] = []
 
@@ -196,7 +197,7 @@ def _int_value(node: ast.expr) -> int | None:
 def fold_sizes(code: str) -> str:
     """Module-level size constants written as arithmetic (`N = 2048 * 2`, KernelBench's way) as literals, which is
     what `scale_task` scales."""
-    tree = ast.parse(code)
+    tree = parse(code)
     changed = False
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from musacoder.musa.translate import ARCH_THRESHOLDS
+from musacoder.pyast import parse
 
 _TYPE_BYTES = {"char": 1, "int8_t": 1, "uint8_t": 1, "bool": 1, "short": 2, "half": 2, "__half": 2, "int16_t": 2,
                "__nv_bfloat16": 2, "__mt_bfloat16": 2, "int": 4, "float": 4, "unsigned": 4, "int32_t": 4,
@@ -129,7 +130,7 @@ def check(src: str) -> list[Finding]:
     if not looks_like_python(src):
         return check_cpp(src)
     try:
-        tree = ast.parse(src)
+        tree = parse(src)
     except SyntaxError:
         return []
     out = [Finding(f.rule, f.line + node.lineno - 1, f.reason)
@@ -185,7 +186,7 @@ def _eval(expr: str, consts: dict[str, int]) -> int | None:
     """An integer constant expression over known names (+ - * / and parentheses), else None."""
     expr = re.sub(r"\b(\d+)[uUlL]+\b", r"\1", expr.strip())
     try:
-        tree = ast.parse(expr, mode="eval")
+        tree = parse(expr, mode="eval")
     except SyntaxError:
         return None
 

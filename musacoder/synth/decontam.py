@@ -36,6 +36,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from functools import cache
 
+from musacoder.pyast import parse
 from musacoder.settings import Settings
 from musacoder.tasks.model import Task, TaskLoadError
 from musacoder.train.diversity import jaccard, shingles
@@ -140,7 +141,7 @@ class _Canonical(ast.NodeTransformer):
 
 def canonical_form(code: str) -> str:
     """The canonical syntax tree (`ast.dump`) the `ast` detector compares. SyntaxError when the code does not parse."""
-    tree = ast.parse(code)
+    tree = parse(code)
     _drop_docstrings(tree)
     names, attrs = _bound_names(tree)
     rename = {n: f"v{i}" for i, n in enumerate(n for n in names if n not in REQUIRED_NAMES)}

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from musacoder.config import CorrectnessConfig
+from musacoder.pyast import parse
 from musacoder.verifier.inputs import Shape, init_inputs, load_module, make_inputs, scaled_constants
 from musacoder.verifier.static import dotted_name
 
@@ -84,7 +85,7 @@ def compile_candidate(task_source: str, backend: str = "cpu", check_shapes: bool
     kernels: list[str] = []
     try:
         try:
-            tree = ast.parse(task_source)
+            tree = parse(task_source)
         except SyntaxError as e:
             raise NoSolution("task failed", f"syntax error line {e.lineno}") from e
         with tempfile.TemporaryDirectory() as tmp:
@@ -132,11 +133,17 @@ class _Capture:
 
 def _settings() -> ExitStack:
     """Dynamic shapes everywhere: parameter shapes and module ints become symbols, no duck sizing (equal sizes are
-    not merged), ATen's RNG kept (fallback_random) so a random op would show up as a fallback, not as a kernel."""
+    not merged), ATen's RNG kept (fallback_random) so a random op would show up as a fallback, not as a kernel.
+    `torch.max_pool1d` is traced as the max_pool2d it equals: its C++ body reads the length as an int, and Dynamo
+    then made the length a constant (16 of 1088 generated tasks refused as shape-specialised on an H200). The patch
+    is process-wide while a task compiles; teachers run one per process."""
+    from unittest import mock
+
     import torch
     import torch.fx.experimental._config as fx_config
 
     stack = ExitStack()
+    stack.enter_context(mock.patch.object(torch, "max_pool1d", _max_pool1d))
     stack.enter_context(torch._dynamo.config.patch(
         force_parameter_static_shapes=False, force_nn_module_property_static_shapes=False,
         allow_unspec_int_on_nn_module=True))
@@ -144,6 +151,17 @@ def _settings() -> ExitStack:
     stack.enter_context(torch._inductor.config.patch(
         fallback_random=True, freezing=False, cpp_wrapper=False, max_autotune=False, memory_planning=False))
     return stack
+
+
+def _max_pool1d(input, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    import torch
+
+    def pair(v):
+        return (1, v[0] if isinstance(v, (list, tuple)) else v)
+
+    stride = stride if stride not in (None, [], ()) else kernel_size  # torch.max_pool1d's default
+    return torch.max_pool2d(input.unsqueeze(-2), pair(kernel_size), pair(stride), (0, pair(padding)[1]),
+                            pair(dilation), ceil_mode).squeeze(-2)
 
 
 def _capture(module, shape: Shape, backend: str) -> _Capture:
@@ -156,7 +174,7 @@ def _capture(module, shape: Shape, backend: str) -> _Capture:
         torch.manual_seed(0)
         with torch.device(device):
             model = module.Model(*init_inputs(module, shape))
-        model = model.to(device).eval()
+        model = _size_generic_norms(model.to(device).eval())
         inputs = make_inputs(module, shape, 0, device, "fp32")
         names = _tensor_names(model, inputs)
         with torch.no_grad():
@@ -183,8 +201,42 @@ def _capture(module, shape: Shape, backend: str) -> _Capture:
         raise NoSolution("graph break", f"{len(graphs)} graphs, {len(codes)} compiled modules")
     arg_exprs, n_out = graphs[0]
     if isinstance(arg_exprs, str):
-        raise NoSolution("unmapped input", arg_exprs)
+        # a library call (convolution) refuses the task anyway, and is the reason a data card should count
+        raise _library_call(codes[0]) or NoSolution("unmapped input", arg_exprs)
     return _Capture(codes[0], arg_exprs, _output_kind(expected, n_out))
+
+
+def _size_generic_norms(model):
+    """LayerNorm/RMSNorm modules that take their normalised size from the input instead of the module's tuple of
+    ints: Dynamo treats that tuple as constant, so `r0_numel` in the kernels was the task's size and the candidate
+    was refused as shape-specialised (53 of 133 layer-norm tasks on an H200, 2026-11-26). Same function for every
+    input the module accepts (its shape check is the weight's shape, still traced)."""
+    import torch
+    import torch.nn.functional as F
+
+    class _LayerNorm(torch.nn.LayerNorm):
+        def forward(self, x):
+            return F.layer_norm(x, x.shape[x.dim() - len(self.normalized_shape):], self.weight, self.bias, self.eps)
+
+    class _RMSNorm(torch.nn.RMSNorm):
+        def forward(self, x):
+            return F.rms_norm(x, x.shape[x.dim() - len(self.normalized_shape):], self.weight, self.eps)
+
+    for m in model.modules():
+        for cls in (_LayerNorm, _RMSNorm):
+            if type(m) is cls.__mro__[1]:  # exactly the torch class: a subclass may override forward
+                m.__class__ = cls
+    return model
+
+
+def _library_call(code: str) -> NoSolution | None:
+    """The first extern library call or ATen fallback in the wrapper's call(), as the refusal it is."""
+    for node in ast.walk(parse(code)):
+        if isinstance(node, ast.Call):
+            refusal = _refusal(_dotted(node.func), node)
+            if refusal.args[0].startswith(("extern library call", "aten fallback")):
+                return refusal
+    return None
 
 
 def _tensor_names(model, inputs: list) -> dict[int, str]:
@@ -259,7 +311,7 @@ class _SourceRewriter(ast.NodeTransformer):
 
 
 def _source_expr(name: str) -> str:
-    expr = _SourceRewriter().visit(ast.parse(name, mode="eval"))
+    expr = _SourceRewriter().visit(parse(name, mode="eval"))
     text = ast.unparse(expr)
     left = [n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and (n.id in ("L", "G") or n.id.startswith("_"))]
     if left:
@@ -287,7 +339,7 @@ class _Kernel:
 
 
 def _parse_wrapper(code: str, backend: str) -> tuple[dict[str, _Kernel], ast.FunctionDef]:
-    tree = ast.parse(code)
+    tree = parse(code)
     kernels: dict[str, _Kernel] = {}
     want = "cpp_pybinding" if backend == "cpu" else "triton"
     for node in tree.body:
@@ -403,9 +455,9 @@ class _Translator:
             if _EMPTY[name]:
                 kwargs = [ast.keyword("dtype", args.pop(2))] if len(args) > 2 else kwargs
                 kwargs.append(ast.keyword("device", ast.Constant(_EMPTY[name])))
-            return ast.Call(ast.parse("torch.empty_strided", mode="eval").body, args[:2], kwargs)
+            return ast.Call(parse("torch.empty_strided", mode="eval").body, args[:2], kwargs)
         if name == "device":
-            return ast.Call(ast.parse("torch.device", mode="eval").body, args, kwargs)
+            return ast.Call(parse("torch.device", mode="eval").body, args, kwargs)
         if name == "reinterpret_tensor":
             self.uses.add("reinterpret")
             return ast.Call(ast.Name("_reinterpret", ast.Load()), args, kwargs)
@@ -469,7 +521,7 @@ def _model_new(tree: ast.Module, cap: _Capture) -> ast.ClassDef:
         raise NoSolution("task failed", "Model defines no forward")
     call = f"_inductor_call({', '.join(cap.arg_exprs)})"
     ret = {"tensor": f"{call}[0]", "tuple": f"tuple({call})", "list": f"list({call})"}[cap.output]
-    new_fwd = ast.parse(f"def forward():\n    return {ret}\n").body[0]
+    new_fwd = parse(f"def forward():\n    return {ret}\n").body[0]
     new_fwd.args = fwd.args
     body = [new_fwd if s is fwd else _NoModelRef().visit(s) for s in model.body]
     cls = ast.ClassDef(name="ModelNew", bases=model.bases, keywords=model.keywords, body=body, decorator_list=[])
@@ -538,7 +590,7 @@ def _render_triton(kernels: dict[str, _Kernel]) -> str:
 
 
 def _triton_kernel(k: _Kernel) -> tuple[ast.FunctionDef, str, str]:
-    tree = ast.parse(k.source)
+    tree = parse(k.source)
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
     heur = [d for d in fn.decorator_list
             if isinstance(d, ast.Call) and _dotted(d.func).startswith("triton_heuristics.")]

@@ -22,6 +22,8 @@ import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from musacoder.pyast import parse
+
 
 @dataclass(frozen=True)
 class Mutant:
@@ -116,7 +118,7 @@ def _regions(code: str) -> list[_Region]:
         if "#include" in text or ("{" in text and ";" in text):
             regions.append(_Region("cuda" if "__global__" in text else "cpp", start, _mask_cpp(text)))
     try:
-        tree = ast.parse(code)
+        tree = parse(code)
     except SyntaxError:
         return regions
     for node in ast.walk(tree):
@@ -191,7 +193,7 @@ def _int_value(expr: str, env_seed: int) -> int | None:
     names: dict[str, str] = {}
     e = _DOTTED.sub(lambda m: names.setdefault(m.group(0), f"v{len(names)}"), e)
     try:
-        tree = ast.parse(e.strip(), mode="eval")
+        tree = parse(e.strip(), mode="eval")
     except SyntaxError:
         return None
     env = {v: random.Random(f"{env_seed}:{name}").randint(2, 1000) for name, v in names.items()}
@@ -459,7 +461,7 @@ def _masked(code: str, regions: list[_Region]) -> str:
 def _torch_fallback(code: str, regions: list[_Region], reference: str) -> list[_Site]:
     """ModelNew.forward replaced by the reference's Model.forward: correct, and refused as a PyTorch fallback."""
     try:
-        cand, ref = ast.parse(code), ast.parse(reference)
+        cand, ref = parse(code), parse(reference)
     except SyntaxError:
         return []
     new_cls = next((n for n in cand.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"), None)

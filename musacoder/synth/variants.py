@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from musacoder.pyast import parse
 from musacoder.synth.decontam import Trace, TraceError, trace_task
 from musacoder.tasks.model import Task
 
@@ -65,7 +66,7 @@ class Variant:
 
 def _parse(task: Task) -> ast.Module:
     try:
-        return ast.parse(task.code)
+        return parse(task.code)
     except SyntaxError as e:
         raise VariantError(f"does not parse: {e}") from None
 
@@ -91,7 +92,7 @@ def _returns(fn: ast.FunctionDef) -> list[ast.Return]:
 
 
 def _stmts(src: str) -> list[ast.stmt]:
-    return ast.parse(src).body
+    return parse(src).body
 
 
 # ---- shape ----------------------------------------------------------------------------------------------------------
@@ -176,7 +177,7 @@ def dtype_variant(task: Task, dtype: str) -> Variant:
         and isinstance(forward.body[0].value, ast.Constant) else 0  # after a docstring
     forward.body[first:first] = _stmts("\n".join(casts)) if casts else []
     for ret in _returns(get_inputs):
-        ret.value = ast.ListComp(ast.parse("_to_dtype(t)", mode="eval").body, [ast.comprehension(
+        ret.value = ast.ListComp(parse("_to_dtype(t)", mode="eval").body, [ast.comprehension(
             ast.Name("t", ast.Store()), ret.value or ast.List([], ast.Load()), [], 0)])
     cfg = CorrectnessConfig()
     return Variant(task, "dtype", ast.unparse(ast.fix_missing_locations(tree)),
@@ -215,7 +216,7 @@ class _Epilogue(ast.NodeTransformer):
 
     def visit_Return(self, node):
         return [ast.Assign([ast.Name(self.out, ast.Store())], node.value),
-                ast.Return(ast.parse(self.expr, mode="eval").body)]
+                ast.Return(parse(self.expr, mode="eval").body)]
 
     def _inner(self, node):
         return node

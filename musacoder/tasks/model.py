@@ -6,6 +6,8 @@ import ast
 import hashlib
 from dataclasses import dataclass, field
 
+from musacoder.pyast import parse
+
 
 class TaskLoadError(ValueError):
     """A task that cannot be used; the message names the task."""
@@ -35,7 +37,7 @@ class Task:
     def validate(self) -> Task:
         """Cheap syntactic check that the source defines what a task needs (no execution)."""
         try:
-            tree = ast.parse(self.code)
+            tree = parse(self.code)
         except SyntaxError as e:
             raise TaskLoadError(f"task {self.key} ({self.source}): syntax error line {e.lineno}: {e.msg}") from e
         names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}

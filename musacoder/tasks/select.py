@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from musacoder.pyast import parse
 from musacoder.tasks.model import Task, TaskLoadError
 
 # One option set for every command that takes tasks (verify, bench run; rl/synth can reuse these annotations).
@@ -91,7 +92,7 @@ def scale_task(task: Task, factor: float, min_size: int = 8) -> Task:
         return task
     if factor <= 0:
         raise TaskLoadError(f"--size-scale must be > 0, not {factor}")
-    tree = ast.parse(task.code)
+    tree = parse(task.code)
     changed = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

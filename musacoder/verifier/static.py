@@ -14,6 +14,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
+from musacoder.pyast import parse
 from musacoder.verifier.verdict import Status
 
 BANNED_MODULES = {
@@ -261,7 +262,7 @@ def _check_modelnew(tree: ast.Module, res: StaticResult) -> None:
 def check_source(code: str) -> StaticResult:
     res = StaticResult()
     try:
-        tree = ast.parse(code)
+        tree = parse(code)
     except SyntaxError as e:
         return StaticResult(Status.FORMAT_ERROR, [f"syntax error line {e.lineno}: {e.msg}"])
     _check_modelnew(tree, res)
@@ -283,7 +284,7 @@ def needs_build(code: str) -> bool:
     """Whether importing the candidate may build native code (it names a cpp_extension loader): others skip the
     compile tier."""
     try:
-        tree = ast.parse(code)
+        tree = parse(code)
     except SyntaxError:
         return True
     return any((isinstance(n, ast.Name) and n.id in _BUILD_NAMES) or (isinstance(n, ast.Attribute) and n.attr in
