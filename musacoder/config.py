@@ -79,6 +79,10 @@ class VerifyConfig(Settings):
     # time one at a time: timing.exclusive).
     # Empty: one worker on each visible device.
     devices: tuple[int, ...] = ()
+    # The CPU cores the verifier's processes (judges, compile workers, the subjects they start) run on. Empty: the
+    # caller's. Keeps them off the cores of a caller that needs its own, e.g. an RL trainer's generate loop:
+    # `taskset -c 0-3 musacoder rl ... --set 'verify.cpus=[4,5,...,15]'`.
+    cpus: tuple[int, ...] = ()
     # Address-space cap of cpu-backend workers, in GiB (0: none). CUDA workers are not capped this way: the driver
     # reserves far more virtual memory than it uses.
     worker_mem_gb: float = 16.0
@@ -95,6 +99,8 @@ class VerifyConfig(Settings):
         self.cache_dir = Path(self.cache_dir)
         if any(d < 0 for d in self.devices):
             raise ValueError(f"devices are indices of visible devices (0, 1, ...), not {list(self.devices)}")
+        if self.cpus and (min(self.cpus) < 0 or max(self.cpus) >= (os.cpu_count() or 1)):
+            raise ValueError(f"cpus {list(self.cpus)}: this host's cores are 0-{(os.cpu_count() or 1) - 1}")
         if self.profile == "kernelbench":
             self.correctness.distribution_variants = False
             self.correctness.shape_variants = False

@@ -1,6 +1,7 @@
 """Extraction, task loading, comparison, reward and verdict decisions: pure pieces with exact expectations."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -339,7 +340,6 @@ def test_parsing_python_in_threads_does_not_raise_system_error():
     import gc
     import sys
     import threading
-    import time
 
     from musacoder.pyast import parse
 
@@ -383,3 +383,39 @@ def test_parsing_python_in_threads_does_not_raise_system_error():
     finally:
         sys.setswitchinterval(interval)
         gc.set_threshold(*thresholds)
+
+
+def test_verifier_processes_run_on_the_cores_they_are_given(tmp_path):
+    """`verify.cpus` keeps judges, compile workers and the processes they start off the caller's cores (an RL
+    trainer's generate loop); a core the host lacks is refused up front."""
+    import os
+
+    import psutil
+
+    from musacoder.pool.local import LocalPool
+    from musacoder.pool.slots import compile_env
+
+    core = max(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match="this host's cores are"):
+        VerifyConfig(backend="cpu", cpus=(os.cpu_count(),))
+
+    def ours(since: float) -> dict[int, list[int]]:
+        """The pool's processes (started since `since`) and their cores."""
+        out = {}
+        for k in psutil.Process().children(recursive=True):
+            try:
+                if k.create_time() >= since and "musacoder." in " ".join(k.cmdline()):
+                    out[k.pid] = (" ".join(k.cmdline()), k.cpu_affinity())
+            except psutil.Error:  # gone meanwhile
+                pass
+        return out
+
+    since = time.time() - 1
+    cfg = VerifyConfig(backend="cpu", cache_dir=tmp_path, cpus=(core,))
+    with LocalPool(cfg) as pool:
+        assert pool.wait_ready(timeout=120)["cpus"] == [core]
+        procs = ours(since)
+    assert len(procs) >= 2, procs  # the judge and what it started (zygote, spare candidate subject)
+    assert all(cpus == [core] for _, cpus in procs.values()), procs
+    # compile workers start with their first job, through the same variable
+    assert compile_env("cpu", cfg, {})["MUSACODER_WORKER_CPUS"] == str(core)

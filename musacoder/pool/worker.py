@@ -24,6 +24,8 @@ def main(argv=None):
     ap.add_argument("--cache", required=True)
     args = ap.parse_args(argv)
     conn = Connection(args.fd)
+    if os.environ.get("MUSACODER_WORKER_CPUS"):  # before any thread or child exists: they all inherit it
+        os.sched_setaffinity(0, {int(c) for c in os.environ["MUSACODER_WORKER_CPUS"].split(",")})
     adopt_orphans_and_follow_parent()
     mem_gb = float(os.environ.get("MUSACODER_WORKER_MEM_GB", "0"))
     if mem_gb > 0:  # host-memory cap, inherited by subjects and compilers: a bomb fails inside, not the node
@@ -41,7 +43,7 @@ def main(argv=None):
     if args.role == "device":  # the judge's /proc entry names its buffers: out of a candidate's reach
         hide_process()
     judge = Judge(backend, Path(args.cache), use_device=args.role == "device")
-    hello = {"type": "hello", "pid": os.getpid(), "role": args.role}
+    hello = {"type": "hello", "pid": os.getpid(), "role": args.role, "cpus": sorted(os.sched_getaffinity(0))}
     if args.role != "compile":
         hello.update(device=backend.device_name(), versions=backend.versions())
     conn.send_bytes(json.dumps(hello).encode())

@@ -222,10 +222,10 @@ def _size_generic_norms(model):
         def forward(self, x):
             return F.rms_norm(x, x.shape[x.dim() - len(self.normalized_shape):], self.weight, self.eps)
 
+    generic = {torch.nn.LayerNorm: _LayerNorm, torch.nn.RMSNorm: _RMSNorm}
     for m in model.modules():
-        for cls in (_LayerNorm, _RMSNorm):
-            if type(m) is cls.__mro__[1]:  # exactly the torch class: a subclass may override forward
-                m.__class__ = cls
+        if type(m) in generic:  # exactly the torch class: a subclass may have a forward of its own
+            m.__class__ = generic[type(m)]
     return model
 
 
