@@ -44,10 +44,13 @@ def main():
     ap.add_argument("--passes", type=int, default=2, help="1 cold + N-1 warm")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="verifier setting KEY=VALUE")
     ap.add_argument("--timing", action="store_true", help="time candidates (off: correctness and legality only)")
+    ap.add_argument("--honest", action="store_true", help="the honest examples only")
+    ap.add_argument("--cache", help="build cache to use (default: a new one, so the first pass builds)")
     a = ap.parse_args()
-    examples = load_catalog(a.backend)
+    examples = [e for e in load_catalog(a.backend) if e.honest or not a.honest]
     pairs = [(builtin_task(e.task), e.path.read_text()) for e in examples]
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = a.cache or tmp
         cfg = VerifyConfig.from_options({"backend": a.backend, "cache_dir": cache, "timing_enabled": a.timing},
                                         a.sets)
         print(f"{len(pairs)} {a.backend} examples, timing {'on' if a.timing else 'off'}, {a.sets or 'defaults'}")
