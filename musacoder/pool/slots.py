@@ -12,7 +12,7 @@ from pathlib import Path
 
 from musacoder.config import VerifyConfig
 from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout
-from musacoder.verifier.protocol import PrebuildJob
+from musacoder.verifier.protocol import PrebuildJob, PrebuildResult, WorkerHello
 from musacoder.verifier.verdict import Status
 
 
@@ -41,15 +41,18 @@ class CompileSlot:
         t = time.perf_counter()
         try:
             job = PrebuildJob(candidate_code=code, config=self.cfg.to_dict()).model_dump()
-            res = self.worker.call(job, timeout=self.cfg.compile_timeout_s + 60)
-            if res.get("timeout"):
-                raise WorkerTimeout(res["timeout"])
+            res = PrebuildResult.model_validate(self.worker.call(job, timeout=self.cfg.compile_timeout_s + 60))
+            if res.timeout:
+                raise WorkerTimeout(res.timeout)
+        except ValueError as e:  # not a PrebuildResult: a worker that answers nonsense is a broken verifier
+            return {"infra_error": f"malformed answer from the compile worker: {str(e)[:300]}"}, None, \
+                time.perf_counter() - t
         except WorkerTimeout:
             return None, (Status.TIMEOUT, f"compilation exceeded {self.cfg.compile_timeout_s:.0f}s"), \
                 time.perf_counter() - t
         except WorkerDied as e:
             return None, (Status.COMPILE_ERROR, f"the compiler process died: {str(e)[:300]}"), time.perf_counter() - t
-        return res, None, time.perf_counter() - t
+        return res.model_dump(), None, time.perf_counter() - t
 
     def kill(self):
         self.worker.kill()
@@ -81,9 +84,9 @@ class DeviceSlot:
 
     def start(self) -> dict:
         try:
-            self.hello = self.dev.start()
-        except WorkerDied as e:
-            self.hello = {"error": str(e)}
+            self.hello = WorkerHello.model_validate(self.dev.start()).model_dump()
+        except (WorkerDied, ValueError) as e:  # ValueError: a hello that is not a WorkerHello
+            self.hello = {"error": str(e)[:500]}
         return self.hello
 
     def evaluate(self, request: dict) -> tuple[dict | None, tuple[Status, str] | None, float]:

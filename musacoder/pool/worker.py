@@ -36,17 +36,17 @@ def main(argv=None):
 
     from musacoder.backends import get_backend
     from musacoder.verifier.judge import Judge
-    from musacoder.verifier.protocol import EvaluateJob, PrebuildJob
+    from musacoder.verifier.protocol import EvaluateJob, PrebuildJob, WorkerHello
     from musacoder.verifier.sandbox import hide_process
 
     backend = get_backend(args.backend)
     if args.role == "device":  # the judge's /proc entry names its buffers: out of a candidate's reach
         hide_process()
     judge = Judge(backend, Path(args.cache), use_device=args.role == "device")
-    hello = {"type": "hello", "pid": os.getpid(), "role": args.role, "cpus": sorted(os.sched_getaffinity(0))}
+    hello = WorkerHello(pid=os.getpid(), role=args.role, cpus=sorted(os.sched_getaffinity(0)))
     if args.role != "compile":
-        hello.update(device=backend.device_name(), versions=backend.versions())
-    conn.send_bytes(json.dumps(hello).encode())
+        hello.device, hello.versions = backend.device_name(), backend.versions()
+    conn.send_bytes(hello.model_dump_json().encode())
     while True:
         try:
             job = json.loads(conn.recv_bytes())
@@ -55,7 +55,7 @@ def main(argv=None):
             return
         try:
             if args.role == "compile":
-                result = judge.prebuild(PrebuildJob.model_validate(job))
+                result = judge.prebuild(PrebuildJob.model_validate(job)).model_dump()
             else:
                 facts = _profiled(judge.evaluate)(EvaluateJob.model_validate(job))
                 reason = _holds_memory(backend)

@@ -44,6 +44,7 @@ from musacoder.verifier.protocol import (
     Facts,
     OutputSpec,
     PrebuildJob,
+    PrebuildResult,
     SubjectCommand,
     SubjectReply,
     TensorRef,
@@ -166,7 +167,7 @@ class Judge:
         buffers.remove_dir(self.dir)
 
     # ---- compile tier ----------------------------------------------------------------------------------------------
-    def prebuild(self, job: PrebuildJob) -> dict:
+    def prebuild(self, job: PrebuildJob) -> PrebuildResult:
         """Import the candidate in a fresh sandboxed subject (no device) so its builds land in the cache."""
         cfg = VerifyConfig.from_dict(job.config)
         builds: list[BuildReply] = []
@@ -176,16 +177,16 @@ class Judge:
             r = cand.call(SubjectCommand(op="load", candidate_code=job.candidate_code), cfg.compile_timeout_s,
                           self._serve_builds(builds))
         except WorkerTimeout:
-            return {"timeout": f"compilation exceeded {cfg.compile_timeout_s:.0f}s"}
+            return PrebuildResult(timeout=f"compilation exceeded {cfg.compile_timeout_s:.0f}s")
         except WorkerDied as e:
             r = SubjectReply(ok=False, kind="import", error=f"the candidate crashed its process: {str(e)[:500]}")
         finally:
             cand.close()
-        out = {"build_error": None, "import_error": None, "builds": [_record(b) for b in builds],
-               "symbol_problems": sorted({p for b in builds for p in b.problems}),
-               "kernels": [k for b in builds for k in b.kernels], "seconds": time.perf_counter() - t0}
+        out = PrebuildResult(builds=[_record(b) for b in builds],
+                             symbol_problems=sorted({p for b in builds for p in b.problems}),
+                             kernels=[k for b in builds for k in b.kernels], seconds=time.perf_counter() - t0)
         if not r.ok:
-            out["build_error" if r.kind == "build" else "import_error"] = r.error or "import failed"
+            setattr(out, "build_error" if r.kind == "build" else "import_error", r.error or "import failed")
         return out
 
     def _serve_builds(self, sink: list):

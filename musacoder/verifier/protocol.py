@@ -1,7 +1,9 @@
 """Typed messages between the processes of a verification (JSON on the wire; never pickle).
 
+pool <-WorkerHello--- judge (a device or compile worker, once)
 pool --EvaluateJob--> judge --SubjectCommand--> subject (reference or candidate)
 pool <---Facts------- judge <--SubjectReply---- subject
+pool --PrebuildJob--> compile worker (a judge without a device); PrebuildResult back
                       judge <--BuildRequest---- subject (its load_inline); judge --BuildReply--> subject
 synth.profiling --ProfileCommand--> its profiling process; ProfileReply back, builds requested as a subject's
 """
@@ -33,6 +35,30 @@ class OutputSpec(Msg):
     """Structure of a forward's output: one entry per leaf; tensors by shape/dtype/device, others by value."""
 
     leaves: list[dict]
+
+
+class WorkerHello(Msg):
+    """A pool worker's first message: it is up, where it runs, and (device workers) on what."""
+
+    type: Literal["hello"] = "hello"
+    pid: int
+    role: Literal["compile", "device"]
+    cpus: list[int] = Field(default_factory=list)  # the cores it and what it starts run on
+    device: str = ""
+    versions: dict[str, Any] = Field(default_factory=dict)
+
+
+class PrebuildResult(Msg):
+    """A compile worker's answer: what importing the candidate built (the pool caches it), or why nothing was."""
+
+    build_error: str | None = None
+    import_error: str | None = None
+    builds: list[dict[str, Any]] = Field(default_factory=list)
+    symbol_problems: list[str] = Field(default_factory=list)
+    kernels: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+    timeout: str | None = None
+    infra_error: str | None = None
 
 
 class Hello(Msg):
