@@ -419,3 +419,20 @@ def test_verifier_processes_run_on_the_cores_they_are_given(tmp_path):
     assert all(cpus == [core] for _, cpus in procs.values()), procs
     # compile workers start with their first job, through the same variable
     assert compile_env("cpu", cfg, {})["MUSACODER_WORKER_CPUS"] == str(core)
+
+
+def test_a_malformed_worker_answer_is_an_infra_error_not_a_crash(tmp_path):
+    """Pool <-> worker messages are typed: a compile worker's answer that is not a PrebuildResult, or a device
+    worker's hello that is not a WorkerHello, ends as a recorded error (no worker process is started here)."""
+    from musacoder.pool.slots import CompileSlot, DeviceSlot
+
+    cfg = VerifyConfig(backend="cpu", cache_dir=tmp_path)
+    slot = CompileSlot("cpu", cfg, tmp_path, {})
+    slot.worker.call = lambda job, timeout: {"builds": "not a list"}
+    res, failure, _ = slot.run("import torch")
+    assert failure is None and res["infra_error"].startswith("malformed answer from the compile worker"), res
+    slot.worker.call = lambda job, timeout: {"builds": [], "kernels": ["k"], "seconds": 1.5}
+    assert slot.run("import torch")[0]["kernels"] == ["k"]
+    dev = DeviceSlot("cpu", cfg, tmp_path, 0)
+    dev.dev.start = lambda: {"type": "hello", "pid": 1}  # no role
+    assert "role" in dev.start()["error"]
