@@ -399,7 +399,7 @@ def test_verifier_processes_run_on_the_cores_they_are_given(tmp_path):
     with pytest.raises(ValueError, match="this host's cores are"):
         VerifyConfig(backend="cpu", cpus=(os.cpu_count(),))
 
-    def ours(since: float) -> dict[int, list[int]]:
+    def ours(since: float) -> dict[int, tuple[str, list[int]]]:
         """The pool's processes (started since `since`) and their cores."""
         out = {}
         for k in psutil.Process().children(recursive=True):

@@ -24,7 +24,8 @@ def main(argv=None):
     ap.add_argument("--cache", required=True)
     args = ap.parse_args(argv)
     conn = Connection(args.fd)
-    if os.environ.get("MUSACODER_WORKER_CPUS"):  # before any thread or child exists: they all inherit it
+    affinity = hasattr(os, "sched_setaffinity")  # Linux
+    if affinity and os.environ.get("MUSACODER_WORKER_CPUS"):  # before any thread or child: they all inherit it
         os.sched_setaffinity(0, {int(c) for c in os.environ["MUSACODER_WORKER_CPUS"].split(",")})
     adopt_orphans_and_follow_parent()
     mem_gb = float(os.environ.get("MUSACODER_WORKER_MEM_GB", "0"))
@@ -43,7 +44,7 @@ def main(argv=None):
     if args.role == "device":  # the judge's /proc entry names its buffers: out of a candidate's reach
         hide_process()
     judge = Judge(backend, Path(args.cache), use_device=args.role == "device")
-    hello = WorkerHello(pid=os.getpid(), role=args.role, cpus=sorted(os.sched_getaffinity(0)))
+    hello = WorkerHello(pid=os.getpid(), role=args.role, cpus=sorted(os.sched_getaffinity(0)) if affinity else [])
     if args.role != "compile":
         hello.device, hello.versions = backend.device_name(), backend.versions()
     conn.send_bytes(hello.model_dump_json().encode())

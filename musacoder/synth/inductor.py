@@ -230,13 +230,9 @@ def _size_generic_norms(model):
 
 
 def _library_call(code: str) -> NoSolution | None:
-    """The first extern library call or ATen fallback in the wrapper's call(), as the refusal it is."""
-    for node in ast.walk(parse(code)):
-        if isinstance(node, ast.Call):
-            refusal = _refusal(_dotted(node.func), node)
-            if refusal.args[0].startswith(("extern library call", "aten fallback")):
-                return refusal
-    return None
+    """The first extern library call or ATen fallback in the wrapper, as the refusal it is."""
+    calls = (_library_refusal(_dotted(n.func)) for n in ast.walk(parse(code)) if isinstance(n, ast.Call))
+    return next(filter(None, calls), None)
 
 
 def _tensor_names(model, inputs: list) -> dict[int, str]:
@@ -470,11 +466,15 @@ class _Translator:
 
 
 def _refusal(name: str, call: ast.Call) -> NoSolution:
+    return _library_refusal(name) or NoSolution("unsupported wrapper code", ast.unparse(call)[:160])
+
+
+def _library_refusal(name: str) -> NoSolution | None:
     if name.startswith("extern_kernels."):
         return NoSolution("extern library call", name)
     if name.startswith(("aten.", "torch.ops.")):
         return NoSolution("aten fallback", name)
-    return NoSolution("unsupported wrapper code", ast.unparse(call)[:160])
+    return None
 
 
 # ---- rendering --------------------------------------------------------------------------------------------------
