@@ -4,12 +4,17 @@ Reports throughput, each judge's busy share (the pool's own busy seconds) and ea
 whether every candidate got the same verdict in every layout, and how far each candidate's speedup moved from
 the first layout's (the truth cost of sharing a GPU).
 
+Layouts: GPUSxJUDGES per GPU, with suffixes: `-shared-timing` (judges sharing a GPU time side by side) and `-spawn`
+(candidate processes started from scratch instead of forked from the judge's pre-imported server). Besides
+throughput: the host's busy cores during the run (how many cores keep N GPUs busy) and the mean seconds per
+verification of each judge stage (`subject_wait`: waiting for a candidate process to start).
+
 Candidates are the shipped CUDA examples (honest kernels and exploits, KernelBench level-1/2 tasks at their
 KernelBench sizes), repeated: the pool caches builds, never verdicts, so a repeat is a full verification; or the
 `ok` solutions of a `musacoder synth solve` run (`--solutions`, with the tasks file it solved). A first pass builds
 everything (cold, the last layout) and is reported too.
 
-    python scripts/gpu_scaling.py --layouts 1x1,2x1 --repeats 8 --out scaling.json --plot scaling.png
+    python scripts/gpu_scaling.py --layouts 1x2,2x2,4x2,4x4,4x4-spawn --repeats 12 --out scaling.json --plot s.png
     python scripts/gpu_scaling.py --backend triton --solutions triton/solutions.jsonl --tasks clean/tasks.jsonl \
         --limit 16 --repeats 1 --layouts 1x1,1x4,1x4-shared-timing,2x4
 """
@@ -24,6 +29,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
+
+import psutil
 
 from musacoder.config import VerifyConfig
 from musacoder.examples_catalog import load_catalog
@@ -62,7 +69,8 @@ class NvmlSampler:
 
 
 def batch(args):
-    """-> (jobs, names): the batch, and a name per distinct candidate (jobs repeat them in order)."""
+    """-> (jobs, names, accepted): the batch, a name per distinct candidate (jobs repeat them in order), and the
+    statuses each may get (the catalog's; `ok` for synthesized solutions, all verified `ok` once)."""
     if args.solutions:
         from musacoder.tasks.loaders import load_tasks
 
@@ -70,44 +78,58 @@ def batch(args):
         rows = [json.loads(line) for line in open(args.solutions)]
         rows = [r for r in rows if r.get("status") == "ok" and r["task"] in tasks][:args.limit or None]
         distinct = [(tasks[r["task"]], r["code"]) for r in rows]
-        names = [r["task"] for r in rows]
+        names, accepted = [r["task"] for r in rows], [("ok",)] * len(rows)
     else:
         examples = load_catalog(args.backend)[:args.limit or None]
         distinct = [(builtin_task(e.task), e.path.read_text()) for e in examples]
-        names = [e.path.name for e in examples]
-    return [j for _ in range(args.repeats) for j in distinct], names
+        names, accepted = [e.path.name for e in examples], [e.accepted for e in examples]
+    return [j for _ in range(args.repeats) for j in distinct], names, accepted
 
 
-def layout(spec: str) -> tuple[list[int], bool]:
-    """'2x4' -> four judges on each of GPUs 0 and 1, timing alone; '1x4-shared-timing': timing side by side."""
-    gpus, judges = (int(x) for x in spec.split("-")[0].split("x"))
-    return [g for g in range(gpus) for _ in range(judges)], not spec.endswith("-shared-timing")
+def layout(spec: str) -> tuple[list[int], set[str]]:
+    """'2x4' -> four judges on each of GPUs 0 and 1; '1x4-shared-timing-spawn' -> ({0,0,0,0}, the two flags)."""
+    size, *flags = spec.replace("shared-timing", "shared_timing").split("-")
+    gpus, judges = (int(x) for x in size.split("x"))
+    if set(flags) - {"shared_timing", "spawn"}:
+        raise SystemExit(f"error: unknown layout flag in {spec!r} (known: -shared-timing, -spawn)")
+    return [g for g in range(gpus) for _ in range(judges)], set(flags)
 
 
 def pool_for(args, cache: str, spec: str) -> LocalPool:
-    devices, exclusive = layout(spec)
-    cfg = VerifyConfig(backend=args.backend, cache_dir=cache, devices=tuple(devices))
-    cfg.timing.exclusive = exclusive
+    devices, flags = layout(spec)
+    cfg = VerifyConfig(backend=args.backend, cache_dir=cache, devices=tuple(devices),
+                       fork_subjects="spawn" not in flags)
+    cfg.timing.exclusive = "shared_timing" not in flags
     return LocalPool(cfg, compile_workers=args.compile_workers)
+
+
+def busy_cores() -> float:
+    """CPU seconds the host has spent working (all processes), to divide by a wall time."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 def run(pool: LocalPool, jobs, spec: str) -> dict:
     n_gpus = max(pool._on) + 1
     before = pool.stats()
     with NvmlSampler(n_gpus) as nv:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), busy_cores()
         verdicts = dict(pool.verify_many(jobs))
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, busy_cores() - cpu0
     after = pool.stats()
     each = [a - b for a, b in zip(after["device_busy_s_each"], before["device_busy_s_each"], strict=True)]
     vs = [verdicts[i] for i in range(len(jobs))]
     return {"layout": spec, "gpus": n_gpus, "judges": len(pool._on), "jobs": len(jobs), "wall_s": round(wall, 1),
             "per_hour": round(len(jobs) / wall * 3600),
             "judge_busy_each": [round(b / wall, 3) for b in each], "nvml_util_each": nv.means(),
+            "host_busy_cores": round(cpu / wall, 1),
             "compile_busy_s": round(after["compile_busy_s"] - before["compile_busy_s"], 1),
+            "stage_mean_s": {k: round(sum(v.stage_seconds.get(k, 0) for v in vs) / len(vs), 3)
+                             for k in sorted({k for v in vs for k in v.stage_seconds})},
             "timing_wait_s": round(sum(v.stage_seconds.get("timing_wait", 0) for v in vs), 1),
             "lock_timeouts": sum("lock_timeout" in v.stage_seconds for v in vs),
             "statuses": dict(Counter(v.status.value for v in vs)),
+            "infra_errors": sorted({v.reason[:300] for v in vs if v.status.value == "infra_error"}),
             "_status": [v.status.value for v in vs], "_speedup": [v.speedup_eager for v in vs]}
 
 
@@ -130,16 +152,18 @@ def main():
     ap.add_argument("--tasks", help="the tasks file those solutions solve")
     ap.add_argument("--limit", type=int, default=0, help="at most this many distinct candidates")
     ap.add_argument("--compile-workers", type=int, default=None)
+    ap.add_argument("--cache", default=None, help="build cache to use (default: a new temporary directory)")
     ap.add_argument("--out", default="scaling.json")
     ap.add_argument("--plot", default=None)
     args = ap.parse_args()
     specs = args.layouts.split(",")
-    jobs, names = batch(args)
-    cache = tempfile.mkdtemp(prefix="mc-scaling-")
+    jobs, names, accepted = batch(args)
+    cache = args.cache or tempfile.mkdtemp(prefix="mc-scaling-")
     results = {"candidates": len(names), "repeats": args.repeats, "backend": args.backend, "runs": []}
-    with pool_for(args, cache, specs[-1]) as pool:
+    biggest = max(specs, key=lambda spec: len(layout(spec)[0]))  # the cold pass: builds go fastest with most judges
+    with pool_for(args, cache, biggest) as pool:
         results["device"] = pool.wait_ready().get("device")
-        cold = run(pool, jobs[:len(names)], specs[-1])
+        cold = run(pool, jobs[:len(names)], biggest)
         results["cold"] = {k: v for k, v in cold.items() if not k.startswith("_")}
         print("cold", json.dumps(results["cold"]), flush=True)
     for spec in specs:
@@ -149,18 +173,23 @@ def main():
             r = run(pool, jobs, spec)
         results["runs"].append(r)
         print(spec, json.dumps({k: v for k, v in r.items() if not k.startswith("_")}), flush=True)
+        with open(args.out, "w") as f:  # so far, should a later layout not finish
+            json.dump(results, f, indent=1)
     base = results["runs"][0]
     for r in results["runs"]:
         r["speedup_vs_first"] = round(r["per_hour"] / base["per_hour"], 2)
         r["differ"] = [f"{names[i % len(names)]}: {a} vs {b}"
                        for i, (a, b) in enumerate(zip(base["_status"], r["_status"], strict=True)) if a != b]
         r["speedup_drift_vs_first"] = drift(base["_speedup"], r["_speedup"])
+        r["unexpected"] = sorted({f"{names[i % len(names)]}: {s} (expected {accepted[i % len(names)]})"
+                                  for i, s in enumerate(r["_status"]) if s not in accepted[i % len(names)]})
     results["speedups"] = {r["layout"]: r.pop("_speedup") for r in results["runs"]}
     for r in results["runs"]:
         r.pop("_status")
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
-    print(json.dumps({r["layout"]: {"differ": r["differ"], "drift": r["speedup_drift_vs_first"]}
+    print(json.dumps({r["layout"]: {"differ": r["differ"], "unexpected": r["unexpected"],
+                                    "drift": r["speedup_drift_vs_first"]}
                       for r in results["runs"]}), flush=True)
     if args.plot:
         plot(results, args.plot)

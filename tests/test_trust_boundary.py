@@ -6,6 +6,8 @@ import hashlib
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from musacoder.config import VerifyConfig
 from musacoder.examples_catalog import EXAMPLES_DIR
 from musacoder.pool.local import LocalPool
@@ -107,13 +109,18 @@ def test_a_candidate_cannot_read_a_hidden_process_proc_entries(tmp_path):
     assert "'status READ'" in sandboxed
 
 
-def test_each_candidate_runs_in_a_fresh_process(cache_dir):
-    """The same candidate verified twice runs in two different candidate processes under one judge."""
-    with LocalPool(_cfg(cache_dir)) as pool:
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
+def test_each_candidate_runs_in_a_fresh_process(cache_dir, fork):
+    """The same candidate verified twice runs in two different candidate processes under one judge, forked from the
+    judge's pre-imported server or (`verify.fork_subjects=false`) started from scratch."""
+    cfg = _cfg(cache_dir)
+    cfg.fork_subjects = fork
+    with LocalPool(cfg) as pool:
         a, b = (pool.submit(RELU, _src("honest_relu.py")).result() for _ in range(2))
     assert a.status.value == b.status.value == "ok"
     assert a.details["worker_pid"] == b.details["worker_pid"]
     assert a.details["candidate_pid"] != b.details["candidate_pid"]
+    assert (Path(cache_dir) / "logs" / f"zygote-{a.details['worker_pid']}.log").exists() == fork
     # the pool kills its judge at close; what the judge had in shared memory goes with it
     from musacoder.verifier.buffers import shm_root
 

@@ -436,3 +436,18 @@ def test_a_malformed_worker_answer_is_an_infra_error_not_a_crash(tmp_path):
     dev = DeviceSlot("cpu", cfg, tmp_path, 0)
     dev.dev.start = lambda: {"type": "hello", "pid": 1}  # no role
     assert "role" in dev.start()["error"]
+
+
+def test_the_fork_server_says_when_its_children_could_not_use_the_device():
+    """Anything that initialised CUDA in the fork server leaves its children "in bad fork" (torch's flag): a forked
+    child reports the flag and the judge then starts device subjects from scratch. The flag is faked (no GPU here);
+    the fork and the report are real."""
+    from types import SimpleNamespace
+
+    from musacoder.verifier.zygote import _children_can_use_the_device
+
+    def torch_with(bad: bool):
+        return SimpleNamespace(cuda=SimpleNamespace(_is_in_bad_fork=lambda: bad))
+
+    assert _children_can_use_the_device(torch_with(False))
+    assert not _children_can_use_the_device(torch_with(True))

@@ -7,13 +7,13 @@ concurrently, so the device works on one candidate while the CPUs build the next
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 
 from musacoder.backends import resolve
 from musacoder.config import VerifyConfig
 from musacoder.pool.base import Job, PoolBase
+from musacoder.pool.process import usable_cores
 from musacoder.pool.slots import CompileSlot, DeviceSlot
 from musacoder.verifier.buffers import remove_dir
 from musacoder.verifier.devlock import lock_dir, shared_devices
@@ -38,7 +38,7 @@ class LocalPool(PoolBase):
         shared = shared_devices(self._on) if self.cfg.timing.exclusive else set()
         self._lock_dir = lock_dir() if shared else None
         self._locks = [str(self._lock_dir / f"device-{d}") if d in shared else "" for d in self._on]
-        cores = os.cpu_count() or 2
+        cores = len(self.cfg.cpus) or usable_cores()  # the verifier's own cores, not the host's
         self.n_compile = compile_workers or max(1, cores - self.n_devices)
         self._compile_q: queue.Queue = queue.Queue()
         self._device_q: queue.Queue = queue.Queue(maxsize=max(4, 2 * self.n_devices))

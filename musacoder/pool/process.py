@@ -13,6 +13,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: `verify.cpus`, taskset), not the host's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+
+
 def _descendants(pid: int) -> list[int]:
     """All live descendants of a process (Linux /proc; empty elsewhere)."""
     out, todo = [], [pid]

@@ -22,12 +22,14 @@ def compile_env(backend: str, cfg: VerifyConfig, arch_env: dict) -> dict:
     env = {**get_backend(backend).build_env(), **arch_env} if backend != "cpu" else {}
     if cfg.compile_mem_gb > 0:
         env["MUSACODER_WORKER_MEM_GB"] = str(cfg.compile_mem_gb)
-    return {**env, **cpus_env(cfg)}
+    return {**env, **worker_env(cfg)}
 
 
-def cpus_env(cfg: VerifyConfig) -> dict:
-    """The cores a worker pins itself to first thing (`verify.cpus`); what it starts inherits them."""
-    return {"MUSACODER_WORKER_CPUS": ",".join(map(str, cfg.cpus))} if cfg.cpus else {}
+def worker_env(cfg: VerifyConfig) -> dict:
+    """What every worker reads at start: the cores it pins itself to first thing (`verify.cpus`; what it starts
+    inherits them) and how its judge starts subjects (`verify.fork_subjects`)."""
+    env = {"MUSACODER_WORKER_CPUS": ",".join(map(str, cfg.cpus))} if cfg.cpus else {}
+    return env if cfg.fork_subjects else {**env, "MUSACODER_FORK_SUBJECTS": "0"}
 
 
 class CompileSlot:
@@ -65,12 +67,12 @@ def device_env(backend: str, cfg: VerifyConfig, index: int | None) -> dict:
 
     if backend == "cpu":
         # the judge's own OpenMP threads must not spin on the cores its subjects are timed on
-        return {"MUSACODER_WORKER_MEM_GB": str(cfg.worker_mem_gb), "OMP_WAIT_POLICY": "PASSIVE", **cpus_env(cfg)}
+        return {"MUSACODER_WORKER_MEM_GB": str(cfg.worker_mem_gb), "OMP_WAIT_POLICY": "PASSIVE", **worker_env(cfg)}
     if index is None:
-        return cpus_env(cfg)
+        return worker_env(cfg)
     var = get_backend(backend).visible_devices_var
     visible = [d for d in os.environ.get(var, "").split(",") if d.strip()]
-    return {var: visible[index] if index < len(visible) else str(index), **cpus_env(cfg)}
+    return {var: visible[index] if index < len(visible) else str(index), **worker_env(cfg)}
 
 
 class DeviceSlot:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 
 from musacoder.config import VerifyConfig
-from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout, _descendants
+from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout, _descendants, usable_cores
 from musacoder.verifier import buffers, legality
 from musacoder.verifier.buffers import DTYPE_NAMES
 from musacoder.verifier.build import Builder
@@ -116,17 +117,17 @@ class Judge:
         self.backend, self.cache_dir, self.use_device = backend, Path(cache_dir), use_device
         self.builder = Builder(cache_dir, backend)
         self.device = backend.device() if use_device else torch.device("cpu")
-        self.threads = len(os.sched_getaffinity(0)) if backend.device_type == "cpu" else None
+        self.threads = usable_cores() if backend.device_type == "cpu" else None
         # the judge's own buffers (reference outputs): no subject writes here
         self.dir = buffers.new_dir("judge", shared_memory=not buffers.device_ipc(backend.device_type))
         self.ref: Subject | None = None
-        # Warm candidate subjects. One warms up in ~1.5-3 s on cpu, ~10 s on an H200 host (Python, torch, the device
-        # context), longer than a cached verification, so a device judge keeps several starting where cores allow.
-        n = min(8, max(1, (os.cpu_count() or 2) // 4)) if use_device else 1
-        # cpu: candidates are forked from a pre-imported zygote (~20 ms instead of ~1.5 s of CPU). GPU backends still
-        # start them from scratch: a forked child failed to start on an H200 (2026-11-23), cause not established.
+        # Warm candidate subjects, forked from a pre-imported zygote (~20 ms instead of ~1.5 s of CPU on cpu, ~10 s
+        # on a GPU host: Python, torch, the device runtime); `verify.fork_subjects=false` starts each from scratch.
+        # A spare still creates its device context (~1 s), longer than a cached verification: a device judge keeps
+        # several starting where its cores allow.
+        n = min(8, max(1, usable_cores() // 4)) if use_device else 1
         self.zygote = None
-        if backend.device_type == "cpu":
+        if os.environ.get("MUSACODER_FORK_SUBJECTS") != "0":
             env = {"OMP_WAIT_POLICY": "PASSIVE"}  # read once, when OpenMP loads: must be set before the import
             if self.threads:
                 env["OMP_NUM_THREADS"] = str(self.threads)
@@ -136,6 +137,11 @@ class Judge:
         self._floor: float | None = None
 
     def _new_candidate(self) -> Subject:
+        if self.zygote is not None and self.use_device and self.backend.device_type != "cpu" \
+                and not self.zygote.device_fork():
+            print("forked subjects could not use the device: starting them from scratch", file=sys.stderr, flush=True)
+            self.zygote.close()
+            self.zygote = None
         return Subject(self.backend, self.cache_dir, "cand", self.use_device, self.threads, self.zygote)
 
     def _take_candidate(self) -> Subject:
@@ -264,7 +270,8 @@ class _Run:
                 f.task_error = f"task {job.task_key} failed to load: {str(e)[-800:]}"
                 return False
         try:
-            self.cand = self.j._take_candidate()
+            with _stage(f, "subject_wait"):  # none if a spare was ready: what a judge waits for a candidate process
+                self.cand = self.j._take_candidate()
         except WorkerDied as e:  # ours, not the candidate's: it has not run yet
             f.infra_error = f"no candidate process could be started: {e}"
             return False

@@ -31,8 +31,11 @@ def main(argv=None):
     from musacoder.pool.worker import adopt_orphans_and_follow_parent
 
     adopt_orphans_and_follow_parent()
+    # torch.cuda.is_available() (cpp_extension calls it on import) initialises the CUDA driver unless told to ask NVML,
+    # and a child forked after that cannot use the device ("Cannot re-initialize CUDA in forked subprocess")
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     # what every subject imports, loaded once here (no device context: a CUDA context does not survive a fork)
-    import torch  # noqa: F401
+    import torch
 
     import musacoder.backends  # noqa: F401
     import musacoder.verifier.buffers  # noqa: F401
@@ -47,6 +50,7 @@ def main(argv=None):
     with torch.no_grad(), legality.OpTrace(get_backend("cpu").torch_namespaces):
         torch.ones(2).clone().view(2, 1)
 
+    device_fork = _children_can_use_the_device(torch)
     exits: dict[int, str] = {}  # child pid -> where to record how it ended (the judge cannot wait() for it)
 
     def reap(*_):
@@ -61,7 +65,7 @@ def main(argv=None):
                 Path(exits.pop(pid)).write_text(str(os.waitstatus_to_exitcode(status)))
 
     signal.signal(signal.SIGCHLD, reap)
-    sock.send(json.dumps({"type": "hello", "pid": os.getpid()}).encode())
+    sock.send(json.dumps({"type": "hello", "pid": os.getpid(), "device_fork": device_fork}).encode())
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
@@ -76,6 +80,15 @@ def main(argv=None):
         os.close(fds[0])
         exits[pid] = req["log"] + ".exit"
         sock.send(json.dumps({"pid": pid}).encode())
+
+
+def _children_can_use_the_device(torch) -> bool:
+    """Whether a child forked now could still initialise the device: torch marks it "in bad fork" when anything
+    imported here initialised CUDA."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
 def _child(req: dict, fd: int, sock, subject):
@@ -94,6 +107,11 @@ def _child(req: dict, fd: int, sock, subject):
         tempfile.tempdir = None  # the zygote's cached temporary directory is not this child's
         subject.main([*req["argv"], "--fd", str(fd)])
         code = 0
+    except BaseException:  # os._exit below skips Python's own report: the judge shows this log when a start fails
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
     finally:
         os._exit(code)
 
@@ -149,8 +167,16 @@ class Zygote:
         child.close()
         self.sock = parent
         self.sock.settimeout(300)
-        if not self.sock.recv(1 << 16):
+        hello = self.sock.recv(1 << 16)
+        if not hello:
             raise RuntimeError(f"the zygote did not start: {self.log_path.read_bytes()[-800:]!r}")
+        self._device_fork = bool(json.loads(hello).get("device_fork"))
+
+    def device_fork(self) -> bool:
+        """Whether its children can use the device (started if it is not running)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        return self._device_fork
 
     def fork(self, argv: list[str], env: dict, log: Path, fd: int) -> int:
         """Fork a subject running `argv` with `env`, talking over `fd` (which the child receives); its pid."""
@@ -176,10 +202,6 @@ class Zygote:
             self.proc = None
 
 
-if __name__ == "__main__":
-    main()
-
-
 class ForkedWorker(WorkerProcess):
     """A subject process forked by the zygote instead of started from scratch; otherwise a WorkerProcess (the same
     calls, timeouts and process-tree kill: the child leads its own process group)."""
@@ -197,3 +219,7 @@ class ForkedWorker(WorkerProcess):
         self.proc = Forked(pid, Path(str(self.log_path) + ".exit"))
         self.conn = Connection(parent.detach())
         self.jobs = 0
+
+
+if __name__ == "__main__":
+    main()
