@@ -86,6 +86,9 @@ class VerifyConfig(Settings):
     # Start candidate subjects by forking a pre-imported server (verifier/zygote.py) instead of a fresh Python, torch
     # and device runtime each: ~20 ms instead of ~1.5 s of CPU (cpu) or ~10 s (a GPU host). false: from scratch.
     fork_subjects: bool = True
+    # Candidate processes each judge keeps starting ahead of need (each holds a device context). 0: the judge's
+    # cores / 4, at most 8. Fewer where many judges share a host (16 judges on 4 GPUs kept 128 contexts).
+    spares: int = 0
     # Address-space cap of cpu-backend workers, in GiB (0: none). CUDA workers are not capped this way: the driver
     # reserves far more virtual memory than it uses.
     worker_mem_gb: float = 16.0
@@ -102,6 +105,8 @@ class VerifyConfig(Settings):
         self.cache_dir = Path(self.cache_dir)
         if any(d < 0 for d in self.devices):
             raise ValueError(f"devices are indices of visible devices (0, 1, ...), not {list(self.devices)}")
+        if self.spares < 0:
+            raise ValueError(f"spares must be 0 (automatic) or more, not {self.spares}")
         if self.cpus and (min(self.cpus) < 0 or max(self.cpus) >= (os.cpu_count() or 1)):
             raise ValueError(f"cpus {list(self.cpus)}: this host's cores are 0-{(os.cpu_count() or 1) - 1}")
         if self.profile == "kernelbench":

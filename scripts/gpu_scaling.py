@@ -4,8 +4,9 @@ Reports throughput, each judge's busy share (the pool's own busy seconds) and ea
 whether every candidate got the same verdict in every layout, and how far each candidate's speedup moved from
 the first layout's (the truth cost of sharing a GPU).
 
-Layouts: GPUSxJUDGES per GPU, with suffixes: `-shared-timing` (judges sharing a GPU time side by side) and `-spawn`
-(candidate processes started from scratch instead of forked from the judge's pre-imported server). Besides
+Layouts: GPUSxJUDGES per GPU, with suffixes: `-shared-timing` (judges sharing a GPU time side by side), `-spawn`
+(candidate processes started from scratch instead of forked from the judge's pre-imported server) and `-sparesN`
+(N candidate processes kept ready per judge, `verify.spares`). Besides
 throughput: the host's busy cores during the run (how many cores keep N GPUs busy) and the mean seconds per
 verification of each judge stage (`subject_wait`: waiting for a candidate process to start).
 
@@ -86,19 +87,21 @@ def batch(args):
     return [j for _ in range(args.repeats) for j in distinct], names, accepted
 
 
-def layout(spec: str) -> tuple[list[int], set[str]]:
-    """'2x4' -> four judges on each of GPUs 0 and 1; '1x4-shared-timing-spawn' -> ({0,0,0,0}, the two flags)."""
+def layout(spec: str) -> tuple[list[int], set[str], int]:
+    """'2x4' -> four judges on each of GPUs 0 and 1; '1x4-shared-timing-spawn-spares2' -> ([0,0,0,0], the two
+    flags, two spares a judge)."""
     size, *flags = spec.replace("shared-timing", "shared_timing").split("-")
     gpus, judges = (int(x) for x in size.split("x"))
-    if set(flags) - {"shared_timing", "spawn"}:
-        raise SystemExit(f"error: unknown layout flag in {spec!r} (known: -shared-timing, -spawn)")
-    return [g for g in range(gpus) for _ in range(judges)], set(flags)
+    spares = [int(f[6:]) for f in flags if f.startswith("spares") and f[6:].isdigit()]
+    if set(flags) - {"shared_timing", "spawn"} - {f"spares{n}" for n in spares}:
+        raise SystemExit(f"error: unknown layout flag in {spec!r} (known: -shared-timing, -spawn, -sparesN)")
+    return [g for g in range(gpus) for _ in range(judges)], set(flags), (spares or [0])[0]
 
 
 def pool_for(args, cache: str, spec: str) -> LocalPool:
-    devices, flags = layout(spec)
+    devices, flags, spares = layout(spec)
     cfg = VerifyConfig(backend=args.backend, cache_dir=cache, devices=tuple(devices),
-                       fork_subjects="spawn" not in flags)
+                       fork_subjects="spawn" not in flags, spares=spares)
     cfg.timing.exclusive = "shared_timing" not in flags
     return LocalPool(cfg, compile_workers=args.compile_workers)
 

@@ -387,7 +387,8 @@ def test_parsing_python_in_threads_does_not_raise_system_error():
 
 def test_verifier_processes_run_on_the_cores_they_are_given(tmp_path):
     """`verify.cpus` keeps judges, compile workers and the processes they start off the caller's cores (an RL
-    trainer's generate loop); a core the host lacks is refused up front."""
+    trainer's generate loop); a core the host lacks is refused up front. `verify.spares` sets how many candidate
+    processes a judge keeps ready."""
     import os
 
     import psutil
@@ -411,12 +412,14 @@ def test_verifier_processes_run_on_the_cores_they_are_given(tmp_path):
         return out
 
     since = time.time() - 1
-    cfg = VerifyConfig(backend="cpu", cache_dir=tmp_path, cpus=(core,))
+    cfg = VerifyConfig(backend="cpu", cache_dir=tmp_path, cpus=(core,), spares=3)
     with LocalPool(cfg) as pool:
         assert pool.wait_ready(timeout=120)["cpus"] == [core]
         procs = ours(since)
-    assert len(procs) >= 2, procs  # the judge and what it started (zygote, spare candidate subject)
+    assert len(procs) >= 2, procs  # the judge and what it started (zygote, spare candidate subjects)
     assert all(cpus == [core] for _, cpus in procs.values()), procs
+    # `verify.spares`: the fork server and the three spares it forked (a child keeps the server's command line)
+    assert sum("musacoder.verifier.zygote" in cmd for cmd, _ in procs.values()) == 1 + 3, procs
     # compile workers start with their first job, through the same variable
     assert compile_env("cpu", cfg, {})["MUSACODER_WORKER_CPUS"] == str(core)
 

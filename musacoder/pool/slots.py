@@ -27,8 +27,10 @@ def compile_env(backend: str, cfg: VerifyConfig, arch_env: dict) -> dict:
 
 def worker_env(cfg: VerifyConfig) -> dict:
     """What every worker reads at start: the cores it pins itself to first thing (`verify.cpus`; what it starts
-    inherits them) and how its judge starts subjects (`verify.fork_subjects`)."""
+    inherits them) and how its judge starts subjects (`verify.fork_subjects`, `verify.spares`)."""
     env = {"MUSACODER_WORKER_CPUS": ",".join(map(str, cfg.cpus))} if cfg.cpus else {}
+    if cfg.spares:
+        env["MUSACODER_SPARES"] = str(cfg.spares)
     return env if cfg.fork_subjects else {**env, "MUSACODER_FORK_SUBJECTS": "0"}
 
 

@@ -124,8 +124,8 @@ class Judge:
         # Warm candidate subjects, forked from a pre-imported zygote (~20 ms instead of ~1.5 s of CPU on cpu, ~10 s
         # on a GPU host: Python, torch, the device runtime); `verify.fork_subjects=false` starts each from scratch.
         # A spare still creates its device context (~1 s), longer than a cached verification: a device judge keeps
-        # several starting where its cores allow.
-        n = min(8, max(1, usable_cores() // 4)) if use_device else 1
+        # several starting where its cores allow (`verify.spares`).
+        n = (int(os.environ.get("MUSACODER_SPARES") or 0) or min(8, max(1, usable_cores() // 4))) if use_device else 1
         self.zygote = None
         if os.environ.get("MUSACODER_FORK_SUBJECTS") != "0":
             env = {"OMP_WAIT_POLICY": "PASSIVE"}  # read once, when OpenMP loads: must be set before the import

@@ -1,9 +1,10 @@
 """A fork server for subject processes: `python -m musacoder.verifier.zygote --fd N`.
 
-Starting a candidate process from scratch costs the import of Python, torch and the harness (~1.5 s of CPU); a judge
-needs one per candidate. The zygote imports all of that once, creates no device context and runs no candidate code,
-and forks one child per request (~20 ms; the way torch's own DataLoader workers start). The child applies its
-environment and its sandbox before anything else runs, then becomes a subject (`subject.main`). The request carries
+Starting a candidate process from scratch costs the import of Python, torch and the harness (~1.5 s of CPU; ~10 s
+with the CUDA runtime on an H200 host); a judge needs one per candidate. The zygote imports all of that once, creates
+no device context and runs no candidate code, and forks one child per request (~20 ms; the way torch's own DataLoader
+workers start). The child applies its environment and its sandbox before anything else runs, then becomes a subject
+(`subject.main`), which creates its own device context. The request carries
 the child's end of a socket pair (SCM_RIGHTS), so the judge talks to the child directly.
 """
 
