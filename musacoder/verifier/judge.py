@@ -132,16 +132,16 @@ class Judge:
             if self.threads:
                 env["OMP_NUM_THREADS"] = str(self.threads)
             self.zygote = Zygote(env, self.cache_dir / "logs" / f"zygote-{os.getpid()}.log")
+            if use_device and backend.device_type != "cpu" and not self.zygote.device_fork():
+                print("forked subjects could not use the device: starting them from scratch", file=sys.stderr,
+                      flush=True)
+                self.zygote.close()
+                self.zygote = None
         self.spares = deque(self._new_candidate() for _ in range(n))
         self._rates = None
         self._floor: float | None = None
 
     def _new_candidate(self) -> Subject:
-        if self.zygote is not None and self.use_device and self.backend.device_type != "cpu" \
-                and not self.zygote.device_fork():
-            print("forked subjects could not use the device: starting them from scratch", file=sys.stderr, flush=True)
-            self.zygote.close()
-            self.zygote = None
         return Subject(self.backend, self.cache_dir, "cand", self.use_device, self.threads, self.zygote)
 
     def _take_candidate(self) -> Subject:
