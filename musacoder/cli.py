@@ -332,20 +332,13 @@ def sft(config: Path = typer.Option(..., help="SFT settings (YAML), e.g. configs
     console.print(f"model: {final}  (loss curve, data report and skipped records in {cfg.output_dir})")
 
 
-def _check_local_model(spec: str) -> None:
-    """`hf:PATH` naming a local directory that is missing: say so, instead of a Hugging Face Hub lookup error.
-    A Hub id (`org/name`, one slash, not starting with . / ~) is left to transformers."""
-    path = spec[3:] if spec.startswith("hf:") else None
-    if path and not Path(path).expanduser().exists() and (path.startswith((".", "/", "~")) or path.count("/") != 1):
-        fail(f"model directory {path} not found")
-
-
 @app.command()
 def rft(config: Path = typer.Option(..., help="RFT settings (YAML), e.g. configs/rft-tiny.yaml"),
         output_dir: str | None = typer.Option(None, help="overrides the config's output_dir"),
         set_: list[str] = SET_OPTION, tasks: TasksOpt = None, levels: LevelsOpt = None, ids: IdsOpt = None,
         names: NamesOpt = None):
     """Diversity-preserving RFT data: sample, verify, cluster each task's passing answers into a pool. Resumable."""
+    from musacoder.bench.clients import check_local_model
     from musacoder.bench.store import RunMismatch
     from musacoder.tasks import TaskLoadError
     from musacoder.train.rft import RFTConfig, run_rft
@@ -353,7 +346,8 @@ def rft(config: Path = typer.Option(..., help="RFT settings (YAML), e.g. configs
     try:
         cfg = RFTConfig.from_yaml(config, set_, **_given(output_dir=output_dir, tasks=tasks and str(tasks),
                                                         levels=levels, ids=ids, names=names))
-        _check_local_model(cfg.model)
+        if cfg.model.startswith("hf:"):
+            check_local_model(cfg.model[3:])
         run_rft(cfg, console=console)
     except (RunMismatch, TaskLoadError, ValueError, OSError) as e:
         fail(e)

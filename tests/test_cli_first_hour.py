@@ -339,6 +339,13 @@ def test_rft_missing_model_directory(tmp_path, capsys):
     assert f"error: model directory {tmp_path}/no-such-model not found" in capsys.readouterr().err
 
 
+def test_bench_missing_model_directory(tmp_path, capsys):
+    """An SFT run that died left no `final/`; benching it printed transformers' Hub-id traceback (H100, 2026-11-26)."""
+    assert call(cli.app, "bench", "run", "--model", f"hf:{tmp_path}/final", "--tasks", RELU_PY,
+                "--out", tmp_path / "b") == 2
+    assert f"error: model directory {tmp_path}/final not found" in capsys.readouterr().err
+
+
 # 9. setup says what it installs ----------------------------------------------------------------------------------
 def test_setup_plan_says_which_torch_and_why(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh"), "--plan"], check=False, capture_output=True,

@@ -1,6 +1,8 @@
 """Extraction, task loading, comparison, reward and verdict decisions: pure pieces with exact expectations."""
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -454,3 +456,28 @@ def test_the_fork_server_says_when_its_children_could_not_use_the_device():
 
     assert _children_can_use_the_device(torch_with(False))
     assert not _children_can_use_the_device(torch_with(True))
+
+
+def test_a_fork_server_slow_to_reap_survives_a_judge_that_stopped_waiting(tmp_path):
+    """On a loaded host (16 judges on 64 cores, 2026-11-26) the fork server reaped a killed candidate after the judge
+    had given up waiting and removed the candidate's directory; writing the exit record there raised inside its SIGCHLD
+    handler and killed it, and with it every spare it had forked: "no candidate process could be started (SIGKILL)"
+    verdicts. The slow reap is made certain by stopping the server while the judge closes the candidate."""
+    from musacoder.backends import get_backend
+    from musacoder.verifier.judge import Subject
+    from musacoder.verifier.zygote import Zygote
+
+    zygote = Zygote({}, tmp_path / "logs" / "zygote.log")
+    backend = get_backend("cpu")
+    try:
+        zygote.device_fork()  # started
+        spare = Subject(backend, tmp_path, "cand", False, 1, zygote).ready()
+        cand = Subject(backend, tmp_path, "cand", False, 1, zygote).ready()
+        os.kill(zygote.proc.pid, signal.SIGSTOP)
+        cand.close()  # kills it, waits 0.5 s for the exit record, removes its directory
+        os.kill(zygote.proc.pid, signal.SIGCONT)
+        time.sleep(1.0)
+        assert zygote.proc.poll() is None and spare.proc.alive
+        spare.close()
+    finally:
+        zygote.close()

@@ -63,7 +63,10 @@ def main(argv=None):
             if pid == 0:
                 return
             if pid in exits:
-                Path(exits.pop(pid)).write_text(str(os.waitstatus_to_exitcode(status)))
+                try:
+                    Path(exits.pop(pid)).write_text(str(os.waitstatus_to_exitcode(status)))
+                except OSError:  # the judge gave up waiting and removed the subject's directory: nobody reads it
+                    pass
 
     signal.signal(signal.SIGCHLD, reap)
     sock.send(json.dumps({"type": "hello", "pid": os.getpid(), "device_fork": device_fork}).encode())
@@ -75,11 +78,14 @@ def main(argv=None):
         if not msg:
             return
         req = json.loads(msg)
+        # a child that dies at once must not be reaped before it is registered: its exit would go unrecorded
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         pid = os.fork()
         if pid == 0:  # the child: never returns
             _child(req, fds[0], sock, subject)
-        os.close(fds[0])
         exits[pid] = req["log"] + ".exit"
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        os.close(fds[0])
         sock.send(json.dumps({"pid": pid}).encode())
 
 
@@ -96,6 +102,7 @@ def _child(req: dict, fd: int, sock, subject):
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         sock.close()
         os.setsid()  # its own process group, as a spawned subject has: the judge kills the group
         log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

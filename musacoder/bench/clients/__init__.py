@@ -10,7 +10,16 @@ from __future__ import annotations
 from musacoder.bench.clients.base import Client, Generation, Request
 from musacoder.bench.clients.replay import ReplayClient, ReplayError
 
-__all__ = ["Client", "Generation", "ReplayClient", "ReplayError", "Request", "make_client"]
+__all__ = ["Client", "Generation", "ReplayClient", "ReplayError", "Request", "check_local_model", "make_client"]
+
+
+def check_local_model(path: str) -> None:
+    """A local model directory that is missing: say so, instead of transformers' Hub lookup error (a traceback about
+    repo ids). A Hub id (`org/name`: one slash, not starting with . / ~) is left to transformers."""
+    from pathlib import Path
+
+    if not Path(path).expanduser().exists() and (path.startswith((".", "/", "~")) or path.count("/") != 1):
+        raise ValueError(f"model directory {path} not found")
 
 
 def make_client(spec: str, concurrency: int = 16, batch_size: int = 8, request_timeout: float | None = None,
@@ -31,6 +40,7 @@ def make_client(spec: str, concurrency: int = 16, batch_size: int = 8, request_t
     if kind == "hf":
         from musacoder.bench.clients.hf import HFClient, HFConfig
 
+        check_local_model(rest)
         return HFClient(rest, HFConfig(batch_size=batch_size))
     if kind == "replay":
         return ReplayClient(rest)
