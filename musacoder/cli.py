@@ -321,15 +321,26 @@ def sft(config: Path = typer.Option(..., help="SFT settings (YAML), e.g. configs
         output_dir: str | None = typer.Option(None, help="overrides the config's output_dir"),
         set_: list[str] = SET_OPTION):
     """Multi-task SFT on TRL's SFTTrainer (needs the train extra). Resumes from the newest checkpoint."""
+    import torch
+
     from musacoder.train.data import DataError
     from musacoder.train.sft import SFTConfig, train_sft
 
     try:
         cfg = SFTConfig.from_yaml(config, set_, **({"output_dir": output_dir} if output_dir else {}))
         final = train_sft(cfg)
+    except torch.OutOfMemoryError as e:
+        _out_of_memory(e, "lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the global "
+                          "batch) or max_length", cfg.output_dir)
     except (DataError, ValueError, OSError) as e:
         fail(e)
     console.print(f"model: {final}  (loss curve, data report and skipped records in {cfg.output_dir})")
+
+
+def _out_of_memory(e: Exception, advice: str, output_dir: str) -> None:
+    """A training run that ran out of device memory: what to change, and that the same command resumes."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+    fail(f"{first[:200]}\n{advice}; the same command resumes from the newest checkpoint in {output_dir}", code=1)
 
 
 @app.command()
@@ -360,6 +371,8 @@ def rl(config: Path = typer.Option(..., help="RL settings (YAML), e.g. configs/r
        set_: list[str] = SET_OPTION, tasks: TasksOpt = None, levels: LevelsOpt = None, ids: IdsOpt = None,
        names: NamesOpt = None):
     """Execution-feedback RL (PrimeEcho, BDR, MirrorPop) on TRL's GRPOTrainer. Resumes from the newest checkpoint."""
+    import torch
+
     from musacoder.tasks import TaskLoadError
     from musacoder.train.data import DataError
     from musacoder.train.rl.config import RLConfig
@@ -369,6 +382,8 @@ def rl(config: Path = typer.Option(..., help="RL settings (YAML), e.g. configs/r
         cfg = RLConfig.from_yaml(config, set_, **_given(output_dir=output_dir, tasks=tasks and str(tasks),
                                                         levels=levels, ids=ids, names=names))
         final = train_rl(cfg)
+    except torch.OutOfMemoryError as e:
+        _out_of_memory(e, "lower micro_batch, group_size or max_new_tokens", cfg.output_dir)
     except (DataError, TaskLoadError, ValueError, OSError) as e:
         fail(e)
     console.print(f"model: {final}  (per-step metrics in {Path(cfg.output_dir) / METRICS}, curve in reward.png)")
