@@ -624,7 +624,7 @@ class _Run:
                     except Exception:  # anything the candidate sends back or does here only costs a recycle
                         pass
             with _stage(f, "close_candidate_exit"):
-                self.cand.close()  # its whole process tree is gone (device context included) when this returns
+                self.cand.close()  # kills its process tree and waits (up to 10 s) until it is gone
         ref = self.j.ref
         if ref is not None and ref.proc.alive:
             with _stage(f, "close_reference_release"):
