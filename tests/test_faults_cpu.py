@@ -58,8 +58,13 @@ def test_faults_each_get_a_verdict_and_nothing_is_lost(pool):
     relu = builtin_task("level1/19_ReLU")
     broken_task = Task(name="77_Broken", level=1, code="import torch\nclass Model:\n    pass\n"
                        "def get_inputs():\n    raise RuntimeError('no inputs')\ndef get_init_inputs():\n    return []\n")
+    # a reference that runs out of device memory (there is no GPU here: its forward raises torch's message)
+    oom_ref = Task(name="78_RefOOM", level=1, code=relu.code.replace(
+        "return torch.relu(x)", "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 6.00 GiB. GPU 0 "
+        "has a total capacity of 79.19 GiB of which 10.06 MiB is free.' + ' Process 7 has 612.00 MiB memory in use.' "
+        "* 30)"))
     cases = [(relu, SEGFAULT), (relu, HONEST), (relu, HANG), (relu, HONEST), (relu, BAD_CPP), (relu, IMPORT_RAISES),
-             (relu, OOM), (broken_task, HONEST), (relu, HONEST)]
+             (relu, OOM), (broken_task, HONEST), (relu, HONEST), (oom_ref, HONEST)]
     verdicts = dict(pool.verify_many(cases))
     assert sorted(verdicts) == list(range(len(cases)))  # nothing lost
     st = {i: v.status.value for i, v in verdicts.items()}
@@ -70,6 +75,7 @@ def test_faults_each_get_a_verdict_and_nothing_is_lost(pool):
     assert st[5] == "runtime_error" and "at import" in verdicts[5].reason
     assert st[6] in ("runtime_error", "incorrect")
     assert st[7] == "infra_error" and "77_Broken" in verdicts[7].reason
+    assert st[9] == "infra_error" and "Tried to allocate 6.00 GiB" in verdicts[9].reason, verdicts[9].reason
     # a plain copy launches nothing of its own (illegal);
     # but it must be judged the same way before and after every fault
     honest = {verdicts[i].status for i in (1, 3, 8)}

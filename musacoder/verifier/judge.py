@@ -364,7 +364,9 @@ class _Run:
                 ref_vals = _fill_values(b["ref_out"], r.spec)
             except BaseException as e:
                 if base_trial:
-                    f.task_error = f"reference of {task_key} failed: {str(e)[-800:]}"
+                    # the exception's line, from its start: an out-of-memory message lists every process on the
+                    # device for ~900 characters, and its tail lost what failed (bench on an H100, 2026-11-26)
+                    f.task_error = f"reference of {task_key} failed: {_last_line(str(e))}"
                     return False
                 continue  # the reference does not accept this variant: skip it
             if not base_trial and not _finite(ref_vals):
