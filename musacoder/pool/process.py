@@ -127,9 +127,10 @@ class WorkerProcess:
             except (EOFError, OSError):
                 pass
             if self.proc.poll() is not None:
-                code = self.proc.returncode
+                code, recorded = self.proc.returncode, getattr(self.proc, "recorded", True)  # a forked subject's
                 self.kill()
-                what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                what = ("exit status not recorded: its fork server did not reap it in time or is gone" if not recorded
+                        else f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
                 raise WorkerDied(f"the {self.role} worker died ({what}); log tail: {self.log_tail()}")
 
     def log_tail(self, n: int = 800) -> str:
@@ -146,13 +147,16 @@ class WorkerProcess:
     def kill(self):
         if self.proc is not None:
             # ninja puts each compiler in its own process group, so killing ours is not enough: take the whole
-            # tree (the worker is its descendants' subreaper, so orphans are still in it), then the group.
-            for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+            # tree (the worker is its descendants' subreaper, so orphans are still in it), then the group. A process
+            # already seen dead has been reaped and its pid may be another process's now: only its group is left
+            # to kill (a group id is not handed out as a new pid while the group exists).
+            seen_dead = self.proc.returncode is not None
+            for pid in [] if seen_dead else [self.proc.pid, *_descendants(self.proc.pid)]:
                 try:
                     os.kill(pid, signal.SIGSTOP)  # freeze first, so nothing forks while we walk the tree
                 except ProcessLookupError:
                     pass
-            for pid in [*_descendants(self.proc.pid), self.proc.pid]:
+            for pid in [] if seen_dead else [*_descendants(self.proc.pid), self.proc.pid]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:

@@ -131,6 +131,7 @@ class Forked:
     def __init__(self, pid: int, exit_file: Path):
         self.pid, self.exit_file = pid, exit_file
         self.returncode: int | None = None
+        self.recorded = True  # False: it is gone and the zygote wrote no exit code in time (returncode is a guess)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -146,7 +147,7 @@ class Forked:
                     break
                 time.sleep(0.01)
             else:
-                self.returncode = -signal.SIGKILL
+                self.returncode, self.recorded = -signal.SIGKILL, False
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
