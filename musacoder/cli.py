@@ -349,7 +349,6 @@ def rft(config: Path = typer.Option(..., help="RFT settings (YAML), e.g. configs
         set_: list[str] = SET_OPTION, tasks: TasksOpt = None, levels: LevelsOpt = None, ids: IdsOpt = None,
         names: NamesOpt = None):
     """Diversity-preserving RFT data: sample, verify, cluster each task's passing answers into a pool. Resumable."""
-    from musacoder.bench.clients import check_local_model
     from musacoder.bench.store import RunMismatch
     from musacoder.tasks import TaskLoadError
     from musacoder.train.rft import RFTConfig, run_rft
@@ -357,9 +356,7 @@ def rft(config: Path = typer.Option(..., help="RFT settings (YAML), e.g. configs
     try:
         cfg = RFTConfig.from_yaml(config, set_, **_given(output_dir=output_dir, tasks=tasks and str(tasks),
                                                         levels=levels, ids=ids, names=names))
-        if cfg.model.startswith("hf:"):
-            check_local_model(cfg.model[3:])
-        run_rft(cfg, console=console)
+        run_rft(cfg, console=console)  # its client checks a local model exists before loading anything
     except (RunMismatch, TaskLoadError, ValueError, OSError) as e:
         fail(e)
     console.print(escape((Path(cfg.output_dir) / "rft_report.md").read_text()), soft_wrap=True)
