@@ -78,7 +78,8 @@ def run_ours(tasks, cands, args) -> dict:
             rec[phase] = {"wall_s": wall, "status": v.status.value, "reason": v.reason, "speedup": v.speedup_eager,
                           "speedup_compile": v.speedup_compile, "candidate_ms": v.candidate_ms,
                           "eager_ms": v.eager_ms, "stages": v.stage_seconds, "rse": v.timing_rse,
-                          "reps": v.timing_reps, "floor_ms": v.details.get("timer_floor_ms")}
+                          "reps": v.timing_reps, "floor_ms": v.details.get("timer_floor_ms"),
+                          "reference_handler_ms": v.details.get("reference_handler_ms")}
             log(f"[ours] {phase:5s} {task.key:45s} {v.status.value:10s} {wall:7.2f}s  speedup "
                 f"{v.speedup_eager if v.speedup_eager is None else round(v.speedup_eager, 3)} {v.stage_seconds} "
                 f"{v.reason[:300]}")
@@ -111,7 +112,7 @@ def _kb_build(job) -> dict:
     return {"wall_s": time.perf_counter() - t, "ok": ok, "error": err}
 
 
-def run_kb(tasks, cands, args) -> dict:
+def run_kb(tasks, cands, args, save=lambda out: None) -> dict:
     sys.path[:0] = [args.kb_src] + ([args.shims] if args.shims else [])
     import torch
     from kernelbench import eval as kbe
@@ -146,6 +147,7 @@ def run_kb(tasks, cands, args) -> dict:
             rec["error"] = f"{type(e).__name__}: {e}"[:2000]
             log(f"[kb]   {task.key}: {rec['error'][:300]}")
         torch.cuda.empty_cache()
+        save(out)  # each task as it ends: a run cut by a time limit keeps what it measured
     return out
 
 
@@ -206,7 +208,8 @@ def main():
     if args.side in ("both", "ours"):
         (out / "ours.json").write_text(json.dumps(run_ours(tasks, cands, args), indent=1, default=str))
     if args.side in ("both", "kb"):
-        (out / "kb.json").write_text(json.dumps(run_kb(tasks, cands, args), indent=1, default=str))
+        save = lambda res: (out / "kb.json").write_text(json.dumps(res, indent=1, default=str))  # noqa: E731
+        save(run_kb(tasks, cands, args, save))
     load = lambda n: json.loads((out / n).read_text()) if (out / n).exists() else {}  # noqa: E731
     text = summary(load("ours.json"), load("kb.json"))
     (out / "summary.md").write_text(text + "\n")

@@ -57,6 +57,8 @@ def test_attackers_do_not_change_later_verdicts(cache_dir, tmp_path):
         assert (v.status, v.correctness, v.trials_total) == (f.status, f.correctness, f.trials_total), (v.reason, f.reason)
     honest, fresh_honest = victims[0], fresh[0]
     assert honest.status.value == "ok" and honest.details["sandbox"].startswith("landlock")
+    # the reference's handler time is part of its round trip, which also holds the messages
+    assert 0 < honest.details["reference_handler_ms"] < honest.eager_ms
     # Two pools minutes apart on a shared 2-core machine: their speedups differ by more than one run's bootstrap
     # interval (seen: 1.12-1.2 vs 0.98-1.07). What an attack on later verdicts looks like is a multiple (fake
     # speedups up to 18.7x were measured before round 2), so the check is a factor, not interval overlap.

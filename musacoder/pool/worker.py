@@ -77,6 +77,7 @@ def _profiled(fn):
     where = os.environ.get("MUSACODER_PROFILE_DIR")
     if not where:
         return fn
+    Path(where).mkdir(parents=True, exist_ok=True)  # a missing directory must not fail every job
 
     def run(*args):
         import cProfile

@@ -204,6 +204,9 @@ class Timing(Msg):
     reps: int
     floor_ms: float  # round trip of a clean subject doing nothing: the protocol's own cost
     threads: int | None = None  # cpu: threads each side used
+    # median time the reference spent in its handler (forward, output copy, device sync), as it reports it: the rest
+    # of reference_ms is the protocol (messages, waking the process)
+    reference_handler_ms: float | None = None
 
 
 class Facts(Msg):

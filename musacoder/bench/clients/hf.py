@@ -52,6 +52,10 @@ class HFClient(Client):
                     gens = self._batch([requests[i].messages for i in batch], *params)
                 except Exception as e:  # noqa: BLE001 -- e.g. out of memory: this batch fails, the run goes on
                     gens = [Generation(error=f"{type(e).__name__}: {str(e)[:1000]}") for _ in batch]
+                if torch.cuda.is_available():
+                    # the batch's KV cache back to the device: judges verifying on the same GPU are other processes,
+                    # and KernelBench-size references ran out of memory beside it (H100, 2026-11-26)
+                    torch.cuda.empty_cache()
                 seconds = (time.perf_counter() - t0) / len(batch)  # each its share: the report sums them
                 for i, g in zip(batch, gens):
                     g.seconds = seconds
