@@ -111,6 +111,33 @@ def test_compare_in_chunks_matches_whole_and_leaves_buffers_alone(monkeypatch):
     assert "NaN" in compare(nan_late, r, 1e-4).reason
 
 
+def test_compare_counts_like_isclose_in_float64_and_squares_past_float32(monkeypatch):
+    """Values are compared in float32 for float32/16/bf16 outputs: the elements counted over tolerance are
+    isclose's in float64 (random values, a tenth of them near the bound); an L2 whose squares overflow float32
+    is computed again in float64 instead of passing against an infinite reference norm."""
+    from musacoder.verifier import correctness
+
+    g = torch.Generator().manual_seed(1)
+    r = torch.randn(4099, generator=g)
+    o = r + 1e-4 * (1 + r.abs()) * (0.9 + 0.2 * torch.rand(4099, generator=g))
+    monkeypatch.setattr(correctness, "CHUNK", 1000)
+    want = int((~torch.isclose(o.double(), r.double(), rtol=1e-4, atol=1e-4)).sum())
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        oo, rr = o.to(dtype), r.to(dtype)
+        n = int((~torch.isclose(oo.double(), rr.double(), rtol=1e-4, atol=1e-4)).sum()) if dtype != torch.float32 else want
+        res = compare(oo, rr, 1e-4)
+        assert 0 < n < 4099 and f" {n}/4099 elements" in res.reason, (dtype, n, res.reason)
+    # the lean pass (every difference finite) and the exact one (NaN/Inf present) count the same on finite values
+    lean = correctness._lean_stats(o, r, 1e-4, True, 1000, torch.float32)
+    assert lean == correctness._exact_stats(o, r, 1e-4, True, 1000, torch.float32) and lean[2] == want
+    assert correctness._lean_stats(torch.tensor([1.0, float("inf")]), torch.ones(2), 1e-4, False, 1000,
+                                   torch.float32) is None
+    big = torch.full((4,), 1e20)
+    assert compare(big * 1.01, big, 0.1).ok  # every element within atol + rtol * |ref|
+    res = compare(big * 1.01, big, 0.1, 1e-3)
+    assert not res.ok and "relative error 0.01" in res.reason
+
+
 def test_inputs_unchanged_nan_aware_and_chunked(monkeypatch):
     from musacoder.verifier import correctness
 
@@ -506,3 +533,17 @@ def test_a_forked_subject_whose_end_went_unrecorded_says_so(tmp_path):
             worker._recv(5)
     finally:
         gone.wait()
+
+
+def test_left_running_reads_the_quiet_gates_waits():
+    """Work the candidate left on the device shows as waits after its replies only; another process's load shows
+    after both (not refused) unless the device went quiet once the candidate's process was gone."""
+    from musacoder.verifier.timing import left_running
+
+    quiet, busy = [0.02] * 20, [9.0] * 20
+    assert left_running(quiet, quiet) == ""
+    assert "GPU work left running" in left_running(busy, quiet)
+    assert left_running(busy[:4] + quiet[4:], quiet) == ""  # a few slow drains: noise, not a pattern
+    assert left_running(busy, busy) == "" and left_running(busy, busy, quiet_after_kill=False) == ""
+    assert "quiet once its process was gone" in left_running(busy, busy, quiet_after_kill=True)
+    assert left_running([], []) == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,10 @@ _equal = torch.equal
 _isnan = torch.isnan
 _dot = torch.dot
 _f64 = torch.float64
+_f32 = torch.float32
+_zeros = torch.zeros
+_maximum = torch.maximum
+_stack = torch.stack
 _TensorType = torch.Tensor
 
 
@@ -33,7 +38,22 @@ def _leaves(obj, path="out"):
         yield path, obj
 
 
-CHUNK = 1 << 20  # elements compared at a time: ~50 MB of float64 temporaries whatever the output's size
+CHUNK = 1 << 20  # elements compared at a time on the cpu: a few 8 MB temporaries whatever the output's size
+# On an accelerator every chunk costs a dozen kernel launches: 1 << 20 made a KernelBench ReLU's five trials (1.6e9
+# elements each) spend ~4 s in launches and host synchronisations, so chunks there are 16x larger (~64 MB a
+# float32 temporary) and the per-chunk results stay on the device until the end.
+DEVICE_CHUNK = 1 << 24
+
+
+def _chunk(t) -> int:
+    return CHUNK if t.device.type == "cpu" else DEVICE_CHUNK
+
+
+def _work_dtype(t):
+    """What values are compared in: float32 for float32/16/bf16 (|o - r| against atol + rtol*|r| is then off by a few
+    float32 ulp, 1e-7 relative, far below any tolerance, at half float64's memory traffic); float64 for float64 and
+    for integers (exact to 2**53)."""
+    return _f32 if t.is_floating_point() and t.dtype != _f64 else _f64
 
 
 def compare(out, ref, tol: float, rel_l2: float | None = None) -> Comparison:
@@ -88,56 +108,131 @@ def spot_compare(out, ref, tol: float, k: int = 1 << 16, seed: int = 0) -> Compa
 
 
 def _compare_tensor(path, o, r, tol, shape, rel_l2=None) -> Comparison:
-    """Chunk by chunk, in float64 copies of CHUNK elements that are modified in place: the extra memory is a few
-    chunks whatever the output's size (a full-size `(o - r).abs()` on a 6 GB output is 12 GB more in float64)."""
-    n = o.numel()
-    mx, total, bad, any_out, any_ref, worst_at = 0.0, 0.0, 0, False, False, None
-    sq_diff = sq_ref = 0.0
-    for s in range(0, n, CHUNK):
-        # copies, always (.double() of a float64 tensor is the tensor itself): the in-place ops below must never
-        # reach the judge's buffers
-        of, rf = o[s:s + CHUNK].to(_f64, copy=True), r[s:s + CHUNK].to(_f64, copy=True)
-        ofin, rfin = _isfinite(of), _isfinite(rf)
-        if not _equal(ofin, rfin):
-            return Comparison(False, f"{path} has {int((ofin != rfin).sum())} NaN/Inf values where the reference "
-                              "differs")
-        del ofin
-        if not bool(rfin.all()):
-            nonfinite = ~rfin
-            if not _equal(of[nonfinite].nan_to_num(), rf[nonfinite].nan_to_num()):
-                return Comparison(False, f"{path} non-finite values differ from the reference's")
-            of.masked_fill_(nonfinite, 0.0)
-            rf.masked_fill_(nonfinite, 0.0)
-            del nonfinite
-        del rfin
-        any_out = any_out or bool(of.any())
-        any_ref = any_ref or bool(rf.any())
-        nbad = int((~_isclose(of, rf, rtol=tol, atol=tol)).sum())
-        diff = of.sub_(rf).abs_()  # of is |out - ref| from here on
-        if rel_l2 is not None:
-            sq_diff += float(_dot(diff, diff))
-            sq_ref += float(_dot(rf, rf))
-        mx = max(mx, float(diff.max()))
-        total += float(diff.sum())
-        if nbad:  # where the error is largest against its tolerance, over all chunks
-            score = diff - tol * rf.abs()
-            k = int(score.argmax())
-            if worst_at is None or float(score[k]) > worst_at[0]:
-                worst_at = (float(score[k]), s + k)
-            del score
-        bad += nbad
-        del of, rf, diff
+    """Chunk by chunk, never a full-size temporary (a `(o - r).abs()` of a 6 GB output is 6-12 GB more); the sums
+    and counts stay on the device until one read at the end, so a large output costs memory traffic, not a host round
+    trip per chunk."""
+    n, step, work = o.numel(), _chunk(o), _work_dtype(o)
+    stats = _lean_stats(o, r, tol, rel_l2 is not None, step, work)
+    if stats is None:  # a NaN or Inf somewhere: the exact pass decides
+        stats = _exact_stats(o, r, tol, rel_l2 is not None, step, work)
+    finite_bad, nonfinite_bad, bad, any_out, any_ref, mx, total, sq_diff, sq_ref = stats
+    if finite_bad:
+        return Comparison(False, f"{path} has {int(finite_bad)} NaN/Inf values where the reference differs")
+    if nonfinite_bad:
+        return Comparison(False, f"{path} non-finite values differ from the reference's")
     mean = total / n
     if not any_out and any_ref:
         return Comparison(False, f"{path} is all zeros but the reference is not")
     if bad:  # before the relative check, whose message says every element is within atol
-        where = _unravel(worst_at[1], shape)
-        return Comparison(False, f"{path} mismatch: max abs error {mx:.3g}, mean {mean:.3g}, {bad}/{n} elements over "
-                          f"tolerance {tol:g}, worst at {where}", mx, mean, where)
+        where = _unravel(_worst(o, r, tol, step, work), shape)
+        return Comparison(False, f"{path} mismatch: max abs error {mx:.3g}, mean {mean:.3g}, {int(bad)}/{n} elements "
+                          f"over tolerance {tol:g}, worst at {where}", mx, mean, where)
+    if rel_l2 is not None and not math.isfinite(sq_diff + sq_ref):  # squares past float32's range: again in float64
+        sq_diff, sq_ref = _squares64(o, r, step)
     if rel_l2 is not None and sq_ref > 0 and sq_diff > (rel_l2 ** 2) * sq_ref:
         return Comparison(False, f"{path} relative error {(sq_diff / sq_ref) ** 0.5:.3g} (L2, against the reference's "
                           f"magnitude) is over {rel_l2:g}, although every element is within atol {tol:g}", mx, mean)
     return Comparison(True, max_abs=mx, mean_abs=mean)
+
+
+def _accumulators(dev):
+    z = lambda dtype=_f64: _zeros((), dtype=dtype, device=dev)  # noqa: E731
+    return z(), z(), z(), z(torch.bool), z(torch.bool), z(), z(), z(), z()
+
+
+def _read(acc) -> list:
+    """The accumulators as numbers: the one host synchronisation of a comparison."""
+    return _stack([a.to(_f64) for a in acc]).tolist()
+
+
+def _lean_stats(o, r, tol: float, squares: bool, step: int, work) -> list | None:
+    """(NaN/Inf mismatches, non-finite mismatches, elements over tolerance, output not all zero, reference not all
+    zero, max |o - r|, sum |o - r|, sum (o - r)^2, sum r^2) in one pass of few temporaries; None when some
+    difference is not finite, which is exactly when either tensor holds a NaN or an Inf (inf - inf and anything with
+    NaN are NaN) or a difference overflows. The work dtype's sub never writes its inputs: no copy is needed."""
+    finite_bad, nonfinite_bad, over, any_out, any_ref, mx, total, sq_diff, sq_ref = _accumulators(o.device)
+    finite = _zeros((), dtype=torch.bool, device=o.device).logical_not_()
+    for s in range(0, o.numel(), step):
+        oc, rc = o[s:s + step], r[s:s + step]
+        any_out |= oc.any()
+        any_ref |= rc.any()
+        ow, rw = oc.to(work), rc.to(work)
+        diff = (ow - rw).abs_()
+        finite &= _isfinite(diff).all()
+        mx = _maximum(mx, diff.max())
+        total += diff.sum()
+        if squares:
+            sq_diff += _dot(diff, diff)
+            sq_ref += _dot(rw, rw)
+        over += _over(diff, rw, tol).sum()
+        del ow, rw, diff
+    if not bool(finite):
+        return None
+    return _read([finite_bad, nonfinite_bad, over, any_out, any_ref, mx, total, sq_diff, sq_ref])
+
+
+def _over(diff, r, tol: float):
+    """isclose's rule on finite values (atol = rtol = tol), |o - r| > tol + tol * |r|, written as
+    |o - r| - tol * |r| > tol in `diff`'s storage (diff is spent afterwards)."""
+    return diff.sub_(r.abs(), alpha=tol) > tol
+
+
+def _exact_stats(o, r, tol: float, squares: bool, step: int, work) -> list:
+    """_lean_stats' numbers where NaN or Inf occur: they must sit where the reference's do (NaN for NaN, the same
+    infinity for an infinity); the rest is computed over the values that are finite in both."""
+    finite_bad, nonfinite_bad, over, any_out, any_ref, mx, total, sq_diff, sq_ref = _accumulators(o.device)
+    for s in range(0, o.numel(), step):
+        # copies, always (.to of a tensor already in the work dtype is the tensor itself): the in-place ops below
+        # must never reach the judge's buffers
+        of, rf = o[s:s + step].to(work, copy=True), r[s:s + step].to(work, copy=True)
+        ofin, rfin = _isfinite(of), _isfinite(rf)
+        finite_bad += (ofin != rfin).sum()
+        nonfinite_bad += (~rfin & (of != rf) & ~(_isnan(of) & _isnan(rf))).sum()
+        either = ~(ofin & rfin)
+        of.masked_fill_(either, 0.0)
+        rf.masked_fill_(either, 0.0)
+        del ofin, rfin, either
+        any_out |= of.any()
+        any_ref |= rf.any()
+        diff = of.sub_(rf).abs_()  # of is |out - ref| from here on
+        mx = _maximum(mx, diff.max())
+        total += diff.sum()
+        if squares:
+            sq_diff += _dot(diff, diff)
+            sq_ref += _dot(rf, rf)
+        over += _over(diff, rf, tol).sum()
+        del of, rf, diff
+    return _read([finite_bad, nonfinite_bad, over, any_out, any_ref, mx, total, sq_diff, sq_ref])
+
+
+def _finite_copies(o, r, s: int, step: int, dtype):
+    of, rf = o[s:s + step].to(dtype, copy=True), r[s:s + step].to(dtype, copy=True)
+    either = ~(_isfinite(of) & _isfinite(rf))
+    return of.masked_fill_(either, 0.0), rf.masked_fill_(either, 0.0)
+
+
+def _worst(o, r, tol: float, step: int, work) -> int:
+    """The flat index where the error is largest against its tolerance (a failure's report: a second pass)."""
+    best, at = -math.inf, 0
+    for s in range(0, o.numel(), step):
+        of, rf = _finite_copies(o, r, s, step, work)
+        allowed = rf.abs().mul_(tol)
+        score = of.sub_(rf).abs_().sub_(allowed)
+        k = int(score.argmax())
+        if float(score[k]) > best:
+            best, at = float(score[k]), s + k
+    return at
+
+
+def _squares64(o, r, step: int) -> tuple[float, float]:
+    """sum((o - r)^2) and sum(r^2) over the finite values, in float64."""
+    sq_diff = sq_ref = 0.0
+    for s in range(0, o.numel(), step):
+        of, rf = _finite_copies(o, r, s, step, _f64)
+        diff = of.sub_(rf)
+        sq_diff += float(_dot(diff, diff))
+        sq_ref += float(_dot(rf, rf))
+    return sq_diff, sq_ref
 
 
 def _unravel(flat_idx: int, shape) -> str:
@@ -150,7 +245,7 @@ def _unravel(flat_idx: int, shape) -> str:
 
 def inputs_unchanged(before: list, after: list) -> str | None:
     """The reason if the candidate modified any input in place: every element equal, or NaN in both (NaN payloads and
-    the sign of zero are not compared). Compared CHUNK elements at a time, never a full-size temporary."""
+    the sign of zero are not compared). Compared a chunk at a time, never a full-size temporary."""
     for i, (b, a) in enumerate(zip(_leaves(before), _leaves(after))):
         (_, bt), (_, at) = b, a
         if isinstance(bt, _TensorType):
@@ -160,14 +255,15 @@ def inputs_unchanged(before: list, after: list) -> str | None:
 
 
 def all_finite(t) -> bool:
-    """No NaN or Inf in `t`, CHUNK elements at a time (isfinite of a whole tensor allocates ~2x its size)."""
-    flat = t.reshape(-1)
-    return all(bool(_isfinite(flat[s:s + CHUNK]).all()) for s in range(0, flat.numel(), CHUNK))
+    """No NaN or Inf in `t`, a chunk at a time (isfinite of a whole tensor allocates ~2x its size)."""
+    flat, step = t.reshape(-1), _chunk(t)
+    return all(bool(_isfinite(flat[s:s + step]).all()) for s in range(0, flat.numel(), step))
 
 
 def _same_values(b, a) -> bool:
-    for s in range(0, b.numel(), CHUNK):
-        x, y = b[s:s + CHUNK], a[s:s + CHUNK]
+    step = _chunk(b)
+    for s in range(0, b.numel(), step):
+        x, y = b[s:s + step], a[s:s + step]
         if _equal(x, y):
             continue
         if not (x.is_floating_point() or x.is_complex()) or not bool(((x == y) | (_isnan(x) & _isnan(y))).all()):

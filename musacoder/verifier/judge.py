@@ -52,7 +52,8 @@ from musacoder.verifier.protocol import (
     Timing,
     Trial,
 )
-from musacoder.verifier.timing import paired_speedup, rse
+from musacoder.verifier.quiet import QuietGate
+from musacoder.verifier.timing import LEFT_RUNNING_MS, left_running, paired_speedup, rse
 from musacoder.verifier.zygote import ForkedWorker, Zygote
 
 
@@ -230,11 +231,14 @@ class _Run:
         self.builds: list[BuildReply] = []
         self.keep: list = []  # (tensor, reference) the judge shared with subjects: alive until the job ends
         self.pool = buffers.new_pool(judge.device)  # where the buffers a candidate can map live (cuda)
+        self.gate: QuietGate | None = None  # while timed on a device: the candidate is stopped between its calls
 
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
 
     def ccall(self, cmd: SubjectCommand) -> SubjectReply:
+        if self.gate is not None:
+            self.gate.resume()
         r = self.cand.call(cmd, self.left(), self.j._serve_builds(self.builds))
         self.f.ops.update({k: self.f.ops.get(k, 0) + v for k, v in r.ops.items()})
         self.f.launches += r.launches
@@ -349,16 +353,19 @@ class _Run:
         for i, (order, kind, shape, seed, transform) in enumerate(self.plan()):
             base_trial = kind == "seed"
             try:
-                raw = raw_inputs(self.task, shape, seed, self.j.device)
-                layout = _layout(raw, cfg.precision)
-                b = bufs.get(shape.key)
-                if b is None or not _same_layout(b["layout"], layout):
-                    within = bufs.get(Shape().key) if shape.overrides else None
-                    b = bufs[shape.key] = self.buffers_for(shape, raw, layout, seed, transform, within)
-                else:
-                    self.fill(b, raw, seed, transform)
-                del raw  # the task's own tensors: only the judge's buffers stay
-                r = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in"], outputs=b["ref_refs"]))
+                with _stage(f, "trial_inputs"):
+                    raw = raw_inputs(self.task, shape, seed, self.j.device)
+                    layout = _layout(raw, cfg.precision)
+                    b = bufs.get(shape.key)
+                    if b is None or not _same_layout(b["layout"], layout):
+                        within = bufs.get(Shape().key) if shape.overrides else None
+                        b = bufs[shape.key] = self.buffers_for(shape, raw, layout, seed, transform, within)
+                    else:
+                        self.fill(b, raw, seed, transform)
+                    del raw  # the task's own tensors: only the judge's buffers stay
+                with _stage(f, "trial_reference"):
+                    r = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in"],
+                                                  outputs=b["ref_refs"]))
                 if not r.ok:
                     raise RuntimeError(r.error)
                 ref_vals = _fill_values(b["ref_out"], r.spec)
@@ -386,20 +393,23 @@ class _Run:
             if not built[shape.key]:
                 trial.reason = "constructing ModelNew failed"
                 continue
-            pristine = clone_tree(b["shared"])
+            with _stage(f, "trial_checks"):
+                pristine = clone_tree(b["shared"])
             try:
-                r = self.call_candidate(shape, b, trial)
+                with _stage(f, "trial_candidate"):
+                    r = self.call_candidate(shape, b, trial)
             except WorkerDied as e:  # this trial crashed it (a bound hard-coded for another shape): a failed trial
                 trial.error = trial.reason = f"the candidate crashed its process: {str(e)[:300]}"
                 return True  # the trials run so far stand; nothing more can run
-            # checked before the comparison, so the copy is gone before the comparison's temporaries exist
-            changed = inputs_unchanged(pristine, b["shared"]) if r is not None else None
-            del pristine
+            with _stage(f, "trial_checks"):
+                # checked before the comparison, so the copy is gone before the comparison's temporaries exist
+                changed = inputs_unchanged(pristine, b["shared"]) if r is not None else None
+                del pristine
+                res = None if r is None else self.check(r, b, ref_vals, tol, rel)
             if r is None:
                 if f.fatal:
                     return False
                 continue
-            res = self.check(r, b, ref_vals, tol, rel)
             if res.ok and changed:
                 res.ok, res.reason = False, changed
             if res.ok and i == 0:
@@ -410,11 +420,13 @@ class _Run:
                     if kept is not None:
                         kept.copy_(o)
                 first = _fill_values(b["ref_out"], r.spec)
-                again = self.call_candidate(shape, b, trial)
+                with _stage(f, "trial_candidate"):
+                    again = self.call_candidate(shape, b, trial)
                 if again is None:  # raising instead of answering must not skip the check
                     res.ok, res.reason = False, "the second run on the same inputs raised: " + trial.reason
                 else:
-                    again = self.check(again, b, first, tol, None)
+                    with _stage(f, "trial_checks"):
+                        again = self.check(again, b, first, tol, None)
                     if not again.ok:
                         res.ok, res.reason = False, "two runs on the same inputs disagree: " + again.reason
                 del first
@@ -542,6 +554,8 @@ class _Run:
         tol = cfg.tolerance()
         t_begin = time.perf_counter()
         idle = _IdleCpu(self.cand.pid)
+        if backend.device_type != "cpu":
+            self.gate = QuietGate(self.cand.pid, self.j.device, backend.synchronize)
         i = 0
         try:
             while True:
@@ -566,6 +580,10 @@ class _Run:
                         raise RuntimeError(r.error)
                     if arm == "cand":
                         idle.start()  # from its reply to its next request, the candidate's process must not compute
+                        if self.gate is not None:
+                            self.gate.stop()
+                    if self.gate is not None and arm != "comp":  # the next arm starts on a quiet device
+                        self.gate.wait(arm)
                     if i >= tc.warmup:
                         samples.append(ms)
                         if arm == "ref":
@@ -586,7 +604,21 @@ class _Run:
         except BaseException as e:
             f.timing_error = str(e)[-2000:]
             return
+        finally:
+            if self.gate is not None:
+                self.gate.resume()
         idle.stop()
+        waits = None
+        if self.gate is not None:
+            waits = self.gate.waits
+            quiet_after_kill = None
+            if waits["cand"] and statistics.median(waits["cand"]) > LEFT_RUNNING_MS:  # busy after its turns: whose?
+                self.cand.proc.kill()
+                quiet_after_kill = self.gate.quiet_now()
+            f.busy_after_return = left_running(waits["cand"], waits["ref"], quiet_after_kill)
+            self.gate = None
+            if f.busy_after_return:
+                return
         if self.j.backend.device_type == "cpu" and idle.busy(sum(ref_ms) / 1e3):
             f.busy_after_return = (f"the candidate process used {idle.ns / 1e6:.1f} ms of CPU after forward returned, "
                                    "while the reference was timed (work left running in the background)")
@@ -596,6 +628,8 @@ class _Run:
         f.timing = Timing(candidate_ms=cms, reference_ms=statistics.median(ref_ms), speedup=sp, speedup_low=lo,
                           speedup_high=hi, rse=rse(cand_ms), reps=len(cand_ms), floor_ms=floor,
                           threads=self.j.threads, reference_handler_ms=statistics.median(ref_inside),
+                          quiet_wait_ms=None if not waits else [round(statistics.median(waits[a]), 4)
+                                                                for a in ("cand", "ref")],
                           compile_ms=statistics.median(comp_ms) if comp_ms else None,
                           compile_speedup=statistics.median(comp_ms) / cms if comp_ms else None)
         f.bytes = tensor_bytes(b["shared"]) + tensor_bytes(b["ref_out"])
@@ -658,11 +692,12 @@ class _Run:
 # ---- helpers ---------------------------------------------------------------------------------------------------------
 @contextmanager
 def _stage(facts: Facts, name: str):
+    """Seconds spent in `name`, summed when it is entered again (the trials' parts, once per trial)."""
     t0 = time.perf_counter()
     try:
         yield
     finally:
-        facts.stage_seconds[name] = round(time.perf_counter() - t0, 4)
+        facts.stage_seconds[name] = round(facts.stage_seconds.get(name, 0.0) + time.perf_counter() - t0, 4)
 
 
 def _record(b: BuildReply) -> dict:

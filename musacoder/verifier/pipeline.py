@@ -119,7 +119,8 @@ def _apply_timing(v: Verdict, cfg, f: Facts) -> None:
     v.eager_ms, v.speedup_eager = t.reference_ms, t.speedup
     v.compile_ms, v.speedup_compile = t.compile_ms, t.compile_speedup
     v.details.update(speedup_interval=[round(t.speedup_low, 4), round(t.speedup_high, 4)],
-                     timer_floor_ms=t.floor_ms, threads=t.threads, reference_handler_ms=t.reference_handler_ms)
+                     timer_floor_ms=t.floor_ms, threads=t.threads, reference_handler_ms=t.reference_handler_ms,
+                     quiet_wait_ms=t.quiet_wait_ms)
     if f.rates:
         v.sol_ms = speed_of_light_ms(f.bytes, f.flops, f.rates)
         v.sol_flag = bool(v.candidate_ms < cfg.timing.sol_margin * v.sol_ms)

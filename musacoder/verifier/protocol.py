@@ -207,6 +207,8 @@ class Timing(Msg):
     # median time the reference spent in its handler (forward, output copy, device sync), as it reports it: the rest
     # of reference_ms is the protocol (messages, waking the process)
     reference_handler_ms: float | None = None
+    # device: median ms the quiet gate waited after the candidate's replies, and after the reference's (quiet.py)
+    quiet_wait_ms: list[float] | None = None
 
 
 class Facts(Msg):

@@ -44,3 +44,24 @@ def reward_speedup(speedup: float | None, low: float | None, high: float | None)
     if speedup is None or low is None or high is None:
         return speedup
     return speedup if (low > 1.0 or high < 1.0) else 1.0
+
+
+LEFT_RUNNING_MS = 1.0  # a wait for the device after the candidate's replies this much above the reference's is work
+
+
+def left_running(after_cand: list[float], after_ref: list[float], quiet_after_kill: bool | None = None) -> str:
+    """Why a candidate is refused for device work it left running after its replies ("" if it is not), from the
+    quiet gate's waits (verifier/quiet.py): the device needed clearly longer to become quiet after its turns than
+    after the reference's, in most pairs; or it stayed busy after both and was quiet once the candidate's process was
+    gone (its work, not another process's load, which stays)."""
+    if not after_cand or not after_ref:
+        return ""
+    mc, mr = statistics.median(after_cand), statistics.median(after_ref)
+    pairs = list(zip(after_cand, after_ref))
+    if mc - mr > LEFT_RUNNING_MS and sum(c > r + LEFT_RUNNING_MS / 2 for c, r in pairs) >= 0.75 * len(pairs):
+        return (f"GPU work left running after forward returned: the device stayed busy {mc:.1f} ms after the "
+                f"candidate's replies (median), {mr:.2f} ms after the reference's")
+    if quiet_after_kill and mc > LEFT_RUNNING_MS:
+        return (f"GPU work left running after forward returned: the device stayed busy after the candidate's replies "
+                f"({mc:.1f} ms median) and was quiet once its process was gone")
+    return ""

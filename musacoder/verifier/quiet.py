@@ -1,0 +1,68 @@
+"""The quiet gate between timed calls on a device (cuda, triton, musa).
+
+A candidate's native thread can keep launching kernels after its forward has returned and the harness has
+synchronised the device, so the reference timed next shares the GPU with them and looks slow (exploit
+`cuda/exploit_45`: +18% of unearned speedup before this gate). Two measures, both outside the candidate's reach:
+
+- its process is stopped (SIGSTOP) from its reply to its next command: no thread of it can launch anything while the
+  reference runs;
+- after each reply the judge waits until the device is quiet: a tiny kernel of its own, launched and synchronised,
+  returns at its usual latency only when no other context holds the GPU (contexts time-slice it). What was launched
+  before the stop landed has then drained before the next arm starts.
+
+The waits are the evidence: work the candidate left running shows as a wait after its replies and not after the
+reference's (`timing.left_running` decides); another process's load on the GPU shows after both."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+
+import torch
+
+
+class QuietGate:
+    def __init__(self, pid: int, device: torch.device, synchronize, cap_s: float = 0.05):
+        self.pid, self.sync, self.cap_s = pid, synchronize, cap_s
+        self.buf = torch.zeros(1, device=device)
+        self.probe()  # the first launch pays for module loading
+        base = statistics.median(self.probe() for _ in range(9))
+        self.quiet_ms = max(3 * base, base + 0.05)  # an idle device answers at ~its base latency
+        self.waits: dict[str, list[float]] = {"cand": [], "ref": []}
+        self.stopped = False
+
+    def probe(self) -> float:
+        t0 = time.perf_counter()
+        self.buf.add_(1)
+        self.sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    def stop(self):
+        self._signal(signal.SIGSTOP)
+        self.stopped = True
+
+    def resume(self):
+        if self.stopped:
+            self._signal(signal.SIGCONT)
+            self.stopped = False
+
+    def _signal(self, sig):
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:  # it died: the next call to it says so
+            pass
+
+    def wait(self, arm: str) -> float:
+        """Wait after `arm`'s reply until the device is quiet or `cap_s` has passed; the ms waited, recorded."""
+        t0 = time.perf_counter()
+        while self.probe() > self.quiet_ms and time.perf_counter() - t0 < self.cap_s:
+            pass
+        ms = (time.perf_counter() - t0) * 1e3
+        self.waits[arm].append(ms)
+        return ms
+
+    def quiet_now(self, probes: int = 10) -> bool:
+        """Whether the device answers at its idle latency (after the candidate's process was killed)."""
+        return statistics.median(self.probe() for _ in range(probes)) <= self.quiet_ms
