@@ -547,3 +547,22 @@ def test_left_running_reads_the_quiet_gates_waits():
     assert left_running(busy, busy) == "" and left_running(busy, busy, quiet_after_kill=False) == ""
     assert "quiet once its process was gone" in left_running(busy, busy, quiet_after_kill=True)
     assert left_running([], []) == ""
+
+
+def test_quiet_gate_keeps_the_lowest_idle_latency_and_waits_out_a_busy_device(monkeypatch):
+    """The gate's logic on the cpu, its device faked by a synchronise that takes long while 'busy' (the real probe is
+    a one-element kernel on the GPU, run there by the exploit suite): a busy device at one job's start cannot raise
+    the threshold, and a wait lasts until a probe answers at the idle latency."""
+    import time
+
+    from musacoder.verifier import quiet
+
+    monkeypatch.setattr(quiet, "_IDLE_MS", {})
+    cpu = torch.device("cpu")
+    idle = quiet.calibrate(cpu, lambda: None)
+    assert quiet.calibrate(cpu, lambda: time.sleep(0.005)) == idle < 1.0
+    busy = iter([True] * 4)
+    gate = quiet.QuietGate(0, cpu, lambda: time.sleep(0.004) if next(busy, False) else None)
+    assert gate.quiet_ms < 3.0
+    assert gate.wait("cand") >= 12.0 and gate.wait("ref") < 3.0
+    assert gate.waits["cand"][0] >= 12.0 and len(gate.waits["ref"]) == 1

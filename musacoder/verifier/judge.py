@@ -24,7 +24,7 @@ import torch
 
 from musacoder.config import VerifyConfig
 from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout, _descendants, usable_cores
-from musacoder.verifier import buffers, legality
+from musacoder.verifier import buffers, legality, quiet
 from musacoder.verifier.buffers import DTYPE_NAMES
 from musacoder.verifier.build import Builder
 from musacoder.verifier.correctness import Comparison, all_finite, compare, inputs_unchanged, spot_compare
@@ -273,6 +273,8 @@ class _Run:
             except BaseException as e:
                 f.task_error = f"task {job.task_key} failed to load: {str(e)[-800:]}"
                 return False
+        if cfg.timing_enabled and self.j.device.type != "cpu":
+            quiet.calibrate(self.j.device, self.j.backend.synchronize)  # before this job's candidate exists
         try:
             with _stage(f, "subject_wait"):  # none if a spare was ready: what a judge waits for a candidate process
                 self.cand = self.j._take_candidate()

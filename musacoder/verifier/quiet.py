@@ -7,14 +7,15 @@ synchronised the device, so the reference timed next shares the GPU with them an
 - its process is stopped (SIGSTOP) from its reply to its next command: no thread of it can launch anything while the
   reference runs;
 - after each reply the judge waits until the device is quiet: a tiny kernel of its own, launched and synchronised,
-  returns at its usual latency only when no other context holds the GPU (contexts time-slice it). What was launched
-  before the stop landed has then drained before the next arm starts.
+  returns at its idle latency (`calibrate`) only when no other context holds the GPU (contexts time-slice it). What
+  was launched before the stop landed has then drained before the next arm starts.
 
 The waits are the evidence: work the candidate left running shows as a wait after its replies and not after the
 reference's (`timing.left_running` decides); another process's load on the GPU shows after both."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import statistics
@@ -22,22 +23,40 @@ import time
 
 import torch
 
+_IDLE_MS: dict[str, float] = {}  # per device: the lowest idle probe latency this judge process has measured
+
+
+def _probe(buf: torch.Tensor, synchronize) -> float:
+    t0 = time.perf_counter()
+    buf.add_(1)
+    synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def calibrate(device: torch.device, synchronize) -> float:
+    """The device's idle probe latency, measured at the start of each job before its candidate's process is taken
+    (the previous candidate's process and context are gone; spares have run nothing) and kept as the lowest this
+    process has seen: no candidate can raise the threshold its own leftovers are judged by (a kernel left running from
+    its last call before the window would have, had the window calibrated itself), and another judge's work at one
+    job's start raises it for that job at most."""
+    buf = torch.zeros(1, device=device)
+    _probe(buf, synchronize)  # the first launch pays for module loading
+    base = statistics.median(_probe(buf, synchronize) for _ in range(9))
+    _IDLE_MS[str(device)] = min(_IDLE_MS.get(str(device), math.inf), base)
+    return _IDLE_MS[str(device)]
+
 
 class QuietGate:
     def __init__(self, pid: int, device: torch.device, synchronize, cap_s: float = 0.05):
         self.pid, self.sync, self.cap_s = pid, synchronize, cap_s
         self.buf = torch.zeros(1, device=device)
-        self.probe()  # the first launch pays for module loading
-        base = statistics.median(self.probe() for _ in range(9))
+        base = _IDLE_MS.get(str(device)) or calibrate(device, synchronize)
         self.quiet_ms = max(3 * base, base + 0.05)  # an idle device answers at ~its base latency
         self.waits: dict[str, list[float]] = {"cand": [], "ref": []}
         self.stopped = False
 
     def probe(self) -> float:
-        t0 = time.perf_counter()
-        self.buf.add_(1)
-        self.sync()
-        return (time.perf_counter() - t0) * 1e3
+        return _probe(self.buf, self.sync)
 
     def stop(self):
         self._signal(signal.SIGSTOP)
