@@ -135,40 +135,46 @@ def _compare_tensor(path, o, r, tol, shape, rel_l2=None) -> Comparison:
     return Comparison(True, max_abs=mx, mean_abs=mean)
 
 
-def _accumulators(dev):
-    z = lambda dtype=_f64: _zeros((), dtype=dtype, device=dev)  # noqa: E731
-    return z(), z(), z(), z(torch.bool), z(torch.bool), z(), z(), z(), z()
+class _Sums:
+    """A comparison's counts and sums, on the device until `read`: (NaN/Inf mismatches, non-finite mismatches,
+    elements over tolerance, output not all zero, reference not all zero, max |o - r|, sum |o - r|, sum (o - r)^2,
+    sum r^2)."""
 
+    def __init__(self, dev):
+        z = lambda dtype=_f64: _zeros((), dtype=dtype, device=dev)  # noqa: E731
+        self.finite_bad, self.nonfinite_bad, self.over, self.any_out, self.any_ref = z(), z(), z(), z(bool), z(bool)
+        self.mx, self.total, self.sq_diff, self.sq_ref = z(), z(), z(), z()
 
-def _read(acc) -> list:
-    """The accumulators as numbers: the one host synchronisation of a comparison."""
-    return _stack([a.to(_f64) for a in acc]).tolist()
+    def add(self, out, ref, diff, tol: float, squares: bool):
+        """One slice: its output and reference values (finite) and |out - ref| (`diff`, spent here)."""
+        self.any_out |= out.any()
+        self.any_ref |= ref.any()
+        _maximum(self.mx, diff.max(), out=self.mx)
+        self.total += diff.sum()
+        if squares:
+            self.sq_diff += _dot(diff, diff)
+            self.sq_ref += _dot(ref, ref)
+        self.over += _over(diff, ref, tol).sum()
+
+    def read(self) -> list:
+        """The numbers: the one host synchronisation of a comparison."""
+        return _stack([t.to(_f64) for t in (self.finite_bad, self.nonfinite_bad, self.over, self.any_out,
+                                            self.any_ref, self.mx, self.total, self.sq_diff, self.sq_ref)]).tolist()
 
 
 def _lean_stats(o, r, tol: float, squares: bool, step: int, work) -> list | None:
-    """(NaN/Inf mismatches, non-finite mismatches, elements over tolerance, output not all zero, reference not all
-    zero, max |o - r|, sum |o - r|, sum (o - r)^2, sum r^2) in one pass of few temporaries; None when some
-    difference is not finite, which is exactly when either tensor holds a NaN or an Inf (inf - inf and anything with
-    NaN are NaN) or a difference overflows. The work dtype's sub never writes its inputs: no copy is needed."""
-    finite_bad, nonfinite_bad, over, any_out, any_ref, mx, total, sq_diff, sq_ref = _accumulators(o.device)
+    """_Sums' numbers in one pass of few temporaries; None when some difference is not finite, which is exactly when
+    either tensor holds a NaN or an Inf (inf - inf and anything with NaN are NaN) or a difference overflows. The
+    work dtype's sub never writes its inputs: no copy is needed."""
+    sums = _Sums(o.device)
     finite = _zeros((), dtype=torch.bool, device=o.device).logical_not_()
     for s in range(0, o.numel(), step):
-        oc, rc = o[s:s + step], r[s:s + step]
-        any_out |= oc.any()
-        any_ref |= rc.any()
-        ow, rw = oc.to(work), rc.to(work)
+        ow, rw = o[s:s + step].to(work), r[s:s + step].to(work)
         diff = (ow - rw).abs_()
         finite &= _isfinite(diff).all()
-        mx = _maximum(mx, diff.max())
-        total += diff.sum()
-        if squares:
-            sq_diff += _dot(diff, diff)
-            sq_ref += _dot(rw, rw)
-        over += _over(diff, rw, tol).sum()
+        sums.add(ow, rw, diff, tol, squares)
         del ow, rw, diff
-    if not bool(finite):
-        return None
-    return _read([finite_bad, nonfinite_bad, over, any_out, any_ref, mx, total, sq_diff, sq_ref])
+    return sums.read() if bool(finite) else None
 
 
 def _over(diff, r, tol: float):
@@ -180,29 +186,21 @@ def _over(diff, r, tol: float):
 def _exact_stats(o, r, tol: float, squares: bool, step: int, work) -> list:
     """_lean_stats' numbers where NaN or Inf occur: they must sit where the reference's do (NaN for NaN, the same
     infinity for an infinity); the rest is computed over the values that are finite in both."""
-    finite_bad, nonfinite_bad, over, any_out, any_ref, mx, total, sq_diff, sq_ref = _accumulators(o.device)
+    sums = _Sums(o.device)
     for s in range(0, o.numel(), step):
         # copies, always (.to of a tensor already in the work dtype is the tensor itself): the in-place ops below
         # must never reach the judge's buffers
         of, rf = o[s:s + step].to(work, copy=True), r[s:s + step].to(work, copy=True)
         ofin, rfin = _isfinite(of), _isfinite(rf)
-        finite_bad += (ofin != rfin).sum()
-        nonfinite_bad += (~rfin & (of != rf) & ~(_isnan(of) & _isnan(rf))).sum()
+        sums.finite_bad += (ofin != rfin).sum()
+        sums.nonfinite_bad += (~rfin & (of != rf) & ~(_isnan(of) & _isnan(rf))).sum()
         either = ~(ofin & rfin)
         of.masked_fill_(either, 0.0)
         rf.masked_fill_(either, 0.0)
         del ofin, rfin, either
-        any_out |= of.any()
-        any_ref |= rf.any()
-        diff = of.sub_(rf).abs_()  # of is |out - ref| from here on
-        mx = _maximum(mx, diff.max())
-        total += diff.sum()
-        if squares:
-            sq_diff += _dot(diff, diff)
-            sq_ref += _dot(rf, rf)
-        over += _over(diff, rf, tol).sum()
-        del of, rf, diff
-    return _read([finite_bad, nonfinite_bad, over, any_out, any_ref, mx, total, sq_diff, sq_ref])
+        sums.add(of, rf, (of - rf).abs_(), tol, squares)
+        del of, rf
+    return sums.read()
 
 
 def _finite_copies(o, r, s: int, step: int, dtype):
