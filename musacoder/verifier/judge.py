@@ -556,7 +556,7 @@ class _Run:
         tol = cfg.tolerance()
         t_begin = time.perf_counter()
         idle = _IdleCpu(self.cand.pid)
-        if backend.device_type != "cpu":
+        if self.j.device.type != "cpu":
             self.gate = QuietGate(self.cand.pid, self.j.device, backend.synchronize)
         i = 0
         try:
