@@ -615,7 +615,7 @@ class _Run:
             waits = self.gate.waits
             quiet_after_kill = None
             if waits["cand"] and statistics.median(waits["cand"]) > LEFT_RUNNING_MS:  # busy after its turns: whose?
-                self.cand.proc.kill()
+                self.close_candidate()
                 quiet_after_kill = self.gate.quiet_now()
             f.busy_after_return = left_running(waits["cand"], waits["ref"], quiet_after_kill)
             self.gate = None
@@ -652,20 +652,26 @@ class _Run:
             self.j._floor = statistics.median(ts)
         return self.j._floor
 
+    def close_candidate(self):
+        """Its process gone (at the end of a job, or of a timing window the device was busy after: whose work was it).
+        A consumer killed while it maps the judge's CUDA IPC buffers never lets go of them: the judge's memory stays
+        allocated and the worker is recycled (~10 s). Ask first; a candidate that ignores it costs that."""
+        f = self.f
+        if buffers.device_ipc(self.j.device.type) and self.cand.proc.alive:
+            with _stage(f, "close_candidate_release"):
+                try:
+                    self.cand.call(SubjectCommand(op="release"), 5)
+                except Exception:  # anything the candidate sends back or does here only costs a recycle
+                    pass
+        with _stage(f, "close_candidate_exit"):
+            self.cand.close()  # kills its process tree and waits (up to 10 s) until it is gone
+        self.cand = None
+
     def close(self):
         # staged: on a GPU ~0.5 s of a cached verification's 1.5 s is spent here (H100, 2026-11-26)
         f = self.f
         if self.cand is not None:
-            # A consumer killed while it maps the judge's CUDA IPC buffers never lets go of them: the judge's memory
-            # stays allocated and the worker is recycled (~10 s). Ask first; a candidate that ignores it costs that.
-            if buffers.device_ipc(self.j.device.type) and self.cand.proc.alive:
-                with _stage(f, "close_candidate_release"):
-                    try:
-                        self.cand.call(SubjectCommand(op="release"), 5)
-                    except Exception:  # anything the candidate sends back or does here only costs a recycle
-                        pass
-            with _stage(f, "close_candidate_exit"):
-                self.cand.close()  # kills its process tree and waits (up to 10 s) until it is gone
+            self.close_candidate()
         ref = self.j.ref
         if ref is not None and ref.proc.alive:
             with _stage(f, "close_reference_release"):
