@@ -203,13 +203,19 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def test_hf_client_generates_in_batches(tiny_checkpoint):
+    import torch
+
     from musacoder.bench.clients.hf import HFClient, HFConfig
 
     client = HFClient(str(tiny_checkpoint), HFConfig(batch_size=2, device="cpu"))
     reqs = [req(sample=i, content="class ModelNew " * (i + 1)) for i in range(3)]
+    cudnn, forward = set(), client.model.forward
+    client.model.forward = lambda *a, **k: cudnn.add(torch.backends.cuda.cudnn_sdp_enabled()) or forward(*a, **k)
     t0 = time.perf_counter()
     got = dict(client.generate(reqs))
+    client.model.forward = forward
     assert sorted(got) == [0, 1, 2]
+    assert cudnn == {False} and torch.backends.cuda.cudnn_sdp_enabled()  # no cuDNN attention while decoding
     assert sum(g.seconds for g in got.values()) <= time.perf_counter() - t0  # a batch's time is shared, not repeated
     for i, g in got.items():
         assert g.error is None and isinstance(g.text, str)

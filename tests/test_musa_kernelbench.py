@@ -187,6 +187,7 @@ def test_port_cli_refuses_bad_input_with_an_error_line(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "one.jsonl").read_text())["code"] == MUSA_TASK
 
 
+@pytest.mark.slow  # CI time; in `make test-all`
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_compile_check_of_a_musa_candidate_passes_and_a_planted_error_fails_at_its_line(tmp_path, capsys):
     musa = translate((EXAMPLES_DIR / "cuda" / "honest_relu.py").read_text(), C2M).text

@@ -51,7 +51,7 @@ def cluster():
 def test_cluster_matches_one_node_and_survives_a_lost_node(cluster, cfg):
     c, nodes = cluster
     cases = _cases()
-    with LocalPool(cfg, compile_workers=1) as local:
+    with LocalPool(cfg, compile_workers=2) as local:
         expected = {i: _key(v) for i, v in local.verify_many(cases)}
 
     with RayPool(cfg, address=c.address) as pool:

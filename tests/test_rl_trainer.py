@@ -239,9 +239,15 @@ def test_hf_engine_hands_over_each_answer_as_it_ends(tiny_policy):
     model = AutoModelForCausalLM.from_pretrained(tiny_policy)
     eos = [t for t in range(len(tok)) if t % 6 == 0]
     eng = HFEngine(tok, lambda: contextlib.nullcontext(model), Sampling(max_new_tokens=12), eos, batch_size=4)
-    seen = []
+    seen, states = [], set()
+    forward = model.forward
+    model.forward = lambda *a, **k: states.add((model.training, torch.backends.cuda.cudnn_sdp_enabled())) or \
+        forward(*a, **k)
+    model.train()  # as the trainer leaves it between updates
     torch.manual_seed(1)
     out = eng.generate([task_messages(RELU, "cpu", one_shot=False)] * 6, lambda i, t: seen.append((i, t)))
+    # decoded in eval mode, without cuDNN attention (a plan for every new length); both restored after
+    assert states == {(False, False)} and model.training and torch.backends.cuda.cudnn_sdp_enabled()
     assert sorted(i for i, _ in seen) == list(range(6))  # each once
     assert all(out[i].text == t for i, t in seen)
     order = {i: k for k, (i, _) in enumerate(seen)}

@@ -66,6 +66,7 @@ def get_init_inputs():
 """
 
 
+@pytest.mark.slow  # CI time; in `make test-all`
 def test_norms_and_max_pool1d_give_a_size_generic_candidate(cache_dir):
     """LayerNorm's eps is first traced as a tensor; Inductor restarts the analysis and compiles one graph (counting the
     abandoned first graph refused 106 of 677 generated tasks as graph breaks). Its normalized_shape is a tuple of

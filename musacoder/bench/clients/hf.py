@@ -10,6 +10,7 @@ from itertools import groupby
 import torch
 
 from musacoder.bench.clients.base import Client, Generation, Request
+from musacoder.hfdecode import decoding_attention
 
 
 @dataclass
@@ -72,7 +73,9 @@ class HFClient(Client):
                        add_special_tokens=not self.tok.chat_template).to(self.model.device)
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else \
             {"do_sample": False}
-        out = self.model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=self.tok.pad_token_id, **sampling)
+        with decoding_attention():
+            out = self.model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=self.tok.pad_token_id,
+                                      **sampling)
         gens = []
         for row, n_prompt in zip(out[:, enc["input_ids"].shape[1]:].tolist(), enc["attention_mask"].sum(1).tolist()):
             stop = next((k for k, t in enumerate(row) if t in self.eos), None)

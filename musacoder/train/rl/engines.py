@@ -8,12 +8,14 @@ uses the vLLM server (or colocated engine) that TRL's GRPOTrainer set up and kee
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from transformers import StoppingCriteria
+
+from musacoder.hfdecode import decoding_attention
 
 
 @dataclass
@@ -67,7 +69,7 @@ class HFEngine:
                  on_text: Callable[[int, str], None] | None = None) -> list[Sample]:
         prompts = [self.encode(m) for m in conversations]
         out: list[Sample] = []
-        with self.model_ctx() as model, torch.no_grad():
+        with self.model_ctx() as model, torch.no_grad(), _eval_mode(model), decoding_attention():
             for s in range(0, len(prompts), self.batch_size):
                 ended = _Ended(self, s, on_text) if on_text else None
                 out.extend(self._batch(model, prompts[s:s + self.batch_size], ended))
@@ -104,6 +106,18 @@ class HFEngine:
             n = len(row) if stop is None else stop + 1
             out.append(Sample(p, row[:n], lp[:n], self.tok.decode(row[:n], skip_special_tokens=True), stop is None))
         return out
+
+
+@contextmanager
+def _eval_mode(model):
+    """The trainer leaves the policy in train mode between updates: sampling there would apply the model's dropout
+    (vLLM samples without it)."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
 
 
 class _Ended(StoppingCriteria):
