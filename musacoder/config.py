@@ -18,7 +18,7 @@ class CorrectnessConfig(Settings):
     seeds: int = 5  # fresh-seed trials on the task's own inputs
     atol_fp32: float = 1e-4  # KernelBench's current fp32 tolerance
     atol_half: float = 1e-2  # fp16 / bf16
-    distribution_variants: bool = True  # sign-symmetric and rescaled float inputs
+    distribution_variants: bool = True  # sign-symmetric, rescaled and few-lines float inputs (verifier.md)
     rescale_factors: tuple[float, ...] = (8.0,)
     shape_variants: bool = True  # rescale the task's module-level size constants
     # factors a shape variant draws from, secretly per verification (a kernel cannot hard-code "half the size")
@@ -27,9 +27,10 @@ class CorrectnessConfig(Settings):
     # one more shape variant with odd sizes (a secret 1-7 below a scaled size): a kernel that skips the tail of a
     # block, or assumes sizes divisible by its block, fails it; a task the reference rejects it for skips it
     ragged_shape: bool = True
-    # three more at small sizes (a secret factor of these): sign-symmetric inputs, every value <= -1, every value >= 1.
-    # An approximation whose error shrinks as sizes grow (ReLU as max(softmax(x), x) is within atol 1e-4 on rows of
-    # 8000+) fails the first, a max initialised with 0 instead of -inf the second, a min initialised with 0 the third
+    # five more at small sizes (a secret factor of these): sign-symmetric inputs, every value <= -1, every value >= 1,
+    # and a few lines of each sign among values of the other. An approximation whose error shrinks as sizes grow
+    # (ReLU as max(softmax(x), x) is within atol 1e-4 on rows of 8000+) fails the first, a max initialised with 0
+    # instead of -inf the second, a min initialised with 0 the third, either one spotting those two trials the last
     small_shape: bool = True
     small_scales: tuple[float, ...] = (0.125, 0.1875, 0.25)
     shape_min_size: int = 8  # ints below this (dims, kernel sizes) are never rescaled

@@ -34,7 +34,7 @@ def _key(v):
 
 @pytest.fixture(scope="module")
 def cfg(cache_dir):
-    return VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False, run_timeout_s=25)
+    return VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False, run_timeout_s=15)
 
 
 @pytest.fixture(scope="module")

@@ -92,6 +92,7 @@ def _verified(backend: str, keys: list[str], cache_dir) -> dict:
     return {k: (got[i], results[k]) for i, k in enumerate(keys)}
 
 
+@pytest.mark.slow  # CI time; in `make test-all` (CI keeps the teacher's refusal test above)
 def test_synth_solve_verifies_teacher_solutions_and_writes_sft_records(tmp_path, cache_dir):
     """A shipped task and a generated one through `solve_tasks`: candidates verified (strict profile: seeds, input
     variants, a rescaled shape, so a shape-specialised kernel would fail), stored with verdicts, passing ones as SFT

@@ -11,6 +11,7 @@ import torch
 from musacoder.candidates import ExtractionError, extract_code
 from musacoder.config import VerifyConfig
 from musacoder.tasks import TaskLoadError, builtin_tasks, load_tasks
+from musacoder.verifier import inputs as inp
 from musacoder.verifier.correctness import compare, inputs_unchanged
 from musacoder.verifier.pipeline import decide
 from musacoder.verifier.protocol import Facts
@@ -86,9 +87,8 @@ def test_inputs_unchanged():
 
 
 def test_compare_in_chunks_matches_whole_and_leaves_buffers_alone(monkeypatch):
-    """The judge compares CHUNK elements at a time in float64 copies it modifies in place: the result is the
+    """The judge compares SLICE elements at a time in work copies it modifies in place: the result is the
     whole-tensor one, and neither tensor (float64 ones included, whose .double() is themselves) is touched."""
-    from musacoder.verifier import correctness
 
     g = torch.Generator().manual_seed(0)
     r = torch.randn(7, 13, generator=g, dtype=torch.float64)
@@ -97,7 +97,7 @@ def test_compare_in_chunks_matches_whole_and_leaves_buffers_alone(monkeypatch):
     o0, r0 = o.clone(), r.clone()
     small = 1e-5 * torch.randn(7, 13, generator=g, dtype=torch.float64)  # every element within atol, all wrong
     whole, whole_rel = compare(o, r, 1e-4), compare(2 * small, small, 1e-4, 1e-3)
-    monkeypatch.setattr(correctness, "CHUNK", 5)
+    monkeypatch.setattr(inp, "SLICE", 5)
     chunked, chunked_rel = compare(o, r, 1e-4), compare(2 * small, small, 1e-4, 1e-3)
     assert torch.equal(o, o0) and torch.equal(r, r0)
     assert not chunked.ok and chunked.reason == whole.reason and chunked.where == "index (3, 5)"
@@ -120,7 +120,7 @@ def test_compare_counts_like_isclose_in_float64_and_squares_past_float32(monkeyp
     g = torch.Generator().manual_seed(1)
     r = torch.randn(4099, generator=g)
     o = r + 1e-4 * (1 + r.abs()) * (0.9 + 0.2 * torch.rand(4099, generator=g))
-    monkeypatch.setattr(correctness, "CHUNK", 1000)
+    monkeypatch.setattr(inp, "SLICE", 1000)
     want = int((~torch.isclose(o.double(), r.double(), rtol=1e-4, atol=1e-4)).sum())
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         oo, rr = o.to(dtype), r.to(dtype)
@@ -139,9 +139,8 @@ def test_compare_counts_like_isclose_in_float64_and_squares_past_float32(monkeyp
 
 
 def test_inputs_unchanged_nan_aware_and_chunked(monkeypatch):
-    from musacoder.verifier import correctness
 
-    monkeypatch.setattr(correctness, "CHUNK", 4)
+    monkeypatch.setattr(inp, "SLICE", 4)
     a = torch.tensor([1.0, float("nan"), 0.0, 2.0, float("inf"), 3.0, 4.0, 5.0, 6.0])
     assert inputs_unchanged([a], [a.clone()]) is None  # NaN where it was: unchanged
     for i, v in [(2, float("nan")), (4, torch.finfo(torch.float32).max), (8, 6.5)]:
@@ -151,22 +150,45 @@ def test_inputs_unchanged_nan_aware_and_chunked(monkeypatch):
     assert "input #1" in inputs_unchanged([1, torch.arange(9)], [1, torch.arange(9).flip(0)])
 
 
-@pytest.mark.parametrize("transform, precision", [("", "fp32"), ("scale8", "fp32"), ("", "fp16"), ("sign", "fp32")])
+@pytest.mark.parametrize("transform, precision", [("", "fp32"), ("scale8", "fp32"), ("", "fp16"), ("sign", "fp32"),
+                                                  ("negfew", "fp32"), ("posfew", "bf16")])
 def test_fill_inputs_writes_make_inputs_values_in_slices(monkeypatch, transform, precision):
-    from musacoder.verifier import inputs as inp
 
-    mod = type("M", (), {"get_inputs": staticmethod(lambda: [torch.randn(6, 5), 3, torch.randn(5, 6).t()])})
+    mod = type("M", (), {"get_inputs": staticmethod(lambda: [torch.randn(6, 5), 3, torch.randn(5, 6).t(),
+                                                              torch.randn(4, 3, 5)])})
     cpu = torch.device("cpu")
     want = inp.make_inputs(mod, inp.Shape(), 11, cpu, precision, transform)
-    monkeypatch.setattr(inp, "FILL_CHUNK", 7)
+    monkeypatch.setattr(inp, "SLICE", 7)
     raw = inp.raw_inputs(mod, inp.Shape(), 11, cpu)
-    dst = [torch.empty(6, 5, dtype=want[0].dtype), 3, torch.empty(6, 5, dtype=want[2].dtype)]
+    dst = [torch.empty(6, 5, dtype=want[0].dtype), 3, torch.empty(6, 5, dtype=want[2].dtype),
+           torch.empty(4, 3, 5, dtype=want[3].dtype)]
     inp.fill_inputs(dst, raw, 11, cpu, precision, transform)
-    for d, w in [(dst[0], want[0]), (dst[2], want[2])]:
+    for d, w in [(dst[0], want[0]), (dst[2], want[2]), (dst[3], want[3])]:
         if transform == "sign":  # signs are drawn slice by slice: the same magnitudes, random signs
             assert torch.equal(d.abs(), w.abs())
         else:
             assert torch.equal(d, w)
+
+
+def test_few_lines_trial_puts_all_one_sign_lines_where_no_probe_finds_them():
+    """Every line (first and last index fixed) is all one sign: a few negative ones of magnitude >= 1 among lines
+    of the input's own positive values, never the first line; so a max initialised with 0 is off by 1 or more
+    there, and a kernel that looks at its first value to spot the negative trial (cpu/exploit_44) takes the 0 path.
+    Secret: another seed puts them elsewhere."""
+    mod = type("M", (), {"get_inputs": staticmethod(lambda: [torch.rand(8, 5, 6), torch.rand(7, 3), torch.rand(4)])})
+    cpu = torch.device("cpu")
+    raw = inp.raw_inputs(mod, inp.Shape(), 3, cpu)[0]
+    x, m, v = inp.make_inputs(mod, inp.Shape(), 3, cpu, "fp32", "negfew")
+    lines = (x < 0).all(dim=1)  # (8, 6): per first and last index, all of the middle dimension negative
+    assert torch.equal(lines, (x < 0).any(dim=1)) and not lines[0, 0] and x[0, 0, 0] > 0
+    assert lines.sum() == 48 // 16 and (m < 0).all(dim=1).sum() == 1 and (m < 0).any(dim=1).sum() == 1
+    assert (x[x < 0] <= -1).all() and torch.equal(x[x > 0], raw[x > 0])  # the rest: the input's own values
+    zero_init = torch.maximum(x.amax(dim=1), torch.zeros(()))  # max over the middle dimension, initialised with 0
+    assert ((zero_init - x.amax(dim=1)) >= 1).sum() == 3
+    other = inp.make_inputs(mod, inp.Shape(), 4, cpu, "fp32", "negfew")[0]
+    assert not torch.equal((other < 0).all(dim=1), lines)
+    p = inp.make_inputs(mod, inp.Shape(), 3, cpu, "fp32", "posfew")[0]
+    assert torch.equal(p > 0, x < 0) and torch.equal(p, -x)  # the mirror, for a min initialised with 0
 
 
 def test_prefix_view_and_poison(tmp_path):

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from musacoder.verifier.inputs import slice_elements
+
 # Captured at import, before any candidate code exists in the process: later patches of torch do not reach these.
 _isfinite = torch.isfinite
 _equal = torch.equal
@@ -35,17 +37,6 @@ def _leaves(obj, path="out"):
             yield from _leaves(o, f"{path}[{i}]")
     else:
         yield path, obj
-
-
-CHUNK = 1 << 20  # elements compared at a time on the cpu: a few 8 MB temporaries whatever the output's size
-# On an accelerator every chunk costs a dozen kernel launches: 1 << 20 made a KernelBench ReLU's five trials (1.6e9
-# elements each) spend ~4 s in launches and host synchronisations, so chunks there are 16x larger (~64 MB a
-# float32 temporary) and the per-chunk results stay on the device until the end.
-DEVICE_CHUNK = 1 << 24
-
-
-def _chunk(t) -> int:
-    return CHUNK if t.device.type == "cpu" else DEVICE_CHUNK
 
 
 def _work_dtype(t):
@@ -110,7 +101,7 @@ def _compare_tensor(path, o, r, tol, shape, rel_l2=None) -> Comparison:
     """Chunk by chunk, never a full-size temporary (a `(o - r).abs()` of a 6 GB output is 6-12 GB more); the sums
     and counts stay on the device until one read at the end, so a large output costs memory traffic, not a host round
     trip per chunk."""
-    n, step, work = o.numel(), _chunk(o), _work_dtype(o)
+    n, step, work = o.numel(), slice_elements(o.device), _work_dtype(o)
     stats = _lean_stats(o, r, tol, rel_l2 is not None, step, work)
     if stats is None:  # a NaN or Inf somewhere: the exact pass decides
         stats = _exact_stats(o, r, tol, rel_l2 is not None, step, work)
@@ -253,12 +244,12 @@ def inputs_unchanged(before: list, after: list) -> str | None:
 
 def all_finite(t) -> bool:
     """No NaN or Inf in `t`, a chunk at a time (isfinite of a whole tensor allocates ~2x its size)."""
-    flat, step = t.reshape(-1), _chunk(t)
+    flat, step = t.reshape(-1), slice_elements(t.device)
     return all(bool(_isfinite(flat[s:s + step]).all()) for s in range(0, flat.numel(), step))
 
 
 def _same_values(b, a) -> bool:
-    step = _chunk(b)
+    step = slice_elements(b.device)
     for s in range(0, b.numel(), step):
         x, y = b[s:s + step], a[s:s + step]
         if _equal(x, y):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,12 +114,52 @@ def raw_inputs(module, shape: Shape, seed: int, device: torch.device) -> list:
             setattr(module, k, v)
 
 
-def _prep(t: torch.Tensor, device, dtype, transform: str, gen) -> torch.Tensor:
-    """One tensor (or a slice of one) as a trial gets it: on the device, the float variant applied, in `dtype`."""
+FEW = {"negfew": -1.0, "posfew": 1.0}  # the sign of the few lines; the rest have the other one
+
+
+def _few_lines(shape, transform: str, gen, device) -> torch.Tensor | None:
+    """For the `few` variants, which lines of a tensor of `shape` are the few (a boolean table over its lines). A
+    line is the values that share their first and last index (in a matrix, a row): a sixteenth of them, at least one,
+    drawn from the trial's secret generator and never the line of the first value. `_prep` gives those values a
+    magnitude of at least 1 and FEW's sign, and every other value the input's own magnitude with the other sign: a
+    reduction initialised with 0 instead of -inf (+inf) is off by 1 or more on the few lines, while a kernel that
+    looks at some of its values to spot the negative (positive) trial most likely sees plain inputs."""
+    if transform not in FEW:
+        return None
+    dims = tuple(shape)
+    table = dims[:1] + dims[-1:] if len(dims) >= 3 else dims[:1] or (1,)
+    n = 1
+    for d in table:
+        n *= d
+    few = torch.zeros(n, dtype=torch.bool, device=device)
+    if n > 1:
+        few[torch.randperm(n - 1, generator=gen, device=device)[:max(1, n // 16)] + 1] = True
+    return few.view(table)
+
+
+def _few_mask(few: torch.Tensor | None, shape, start: int, part: torch.Tensor) -> torch.Tensor | None:
+    """Which values of `part` are on the few lines, shaped like it: `part` holds the values from `start` on, in
+    row-major order, of a tensor of `shape` (the whole of it, or one of the judge's slices of it)."""
+    if few is None:
+        return None
+    dims, stop = tuple(shape), start + part.numel()
+    if len(dims) <= 1:
+        return (few[start:stop] if dims else few).view(part.shape)
+    i = torch.arange(start, stop, device=few.device)
+    row = i // (math.prod(dims) // dims[0])
+    return (few[row, i % dims[-1]] if len(dims) >= 3 else few[row]).view(part.shape)
+
+
+def _prep(t: torch.Tensor, device, dtype, transform: str, gen, few=None) -> torch.Tensor:
+    """One tensor (or a slice of one) as a trial gets it: on the device, the float variant applied, in `dtype`.
+    `few`: for the `few` variants, which of these values are on the few lines (shaped like them)."""
     t = t.to(device)
     if not t.is_floating_point():
         return t
-    if transform == "sign":
+    if few is not None:
+        sign, mag = FEW[transform], t.abs()
+        t = torch.where(few, sign * (mag + 1), -sign * mag)
+    elif transform == "sign":
         t = t * (torch.randint(0, 2, t.shape, generator=gen, device=device, dtype=t.dtype) * 2 - 1)
     elif transform == "neg":  # every value at most -1: a max initialised with 0 instead of -inf shows
         t = -(t.abs() + 1)
@@ -134,34 +175,47 @@ def make_inputs(module, shape: Shape, seed: int, device: torch.device, precision
     inputs = raw_inputs(module, shape, seed, device)
     dtype = DTYPES[precision]
     gen = torch.Generator(device=device).manual_seed(seed + 7919)
-    return [_map(x, lambda t: _prep(t, device, dtype, transform, gen)) for x in inputs]
+    def prep(t):
+        return _prep(t, device, dtype, transform, gen, _few_mask(_few_lines(t.shape, transform, gen, device), t.shape,
+                                                                 0, t))
+
+    return [_map(x, prep) for x in inputs]
 
 
-FILL_CHUNK = 1 << 20  # elements prepared at a time by fill_inputs; 16x more on an accelerator, where each slice
-# costs kernel launches (a KernelBench ReLU's 1.6e9-element input took 1526 slices a trial)
+SLICE = 1 << 20  # elements the judge prepares or compares at a time on the cpu: a few 8 MB temporaries at any size
+# On an accelerator each slice costs kernel launches and host synchronisations: 1 << 20 made a KernelBench ReLU's five
+# trials (1.6e9 elements each) spend ~4 s in them, so slices there are 16x larger (~64 MB a float32 temporary).
+
+
+def slice_elements(device) -> int:
+    return SLICE if torch.device(device).type == "cpu" else SLICE << 4
 
 
 def fill_inputs(dst: list, inputs: list, seed: int, device: torch.device, precision: str, transform: str = ""):
     """make_inputs' values of `inputs` (raw_inputs' result) written into the judge's buffers `dst` (the top-level
     tensors; other entries are left alone), a slice at a time: no full-size copy of an input is ever made besides
     the buffer itself. The float variants draw their random signs slice by slice from the same seeded generator."""
-    dtype, chunk = DTYPES[precision], FILL_CHUNK if torch.device(device).type == "cpu" else FILL_CHUNK << 4
+    dtype, chunk = DTYPES[precision], slice_elements(device)
     gen = torch.Generator(device=device).manual_seed(seed + 7919)
     for d, x in zip(dst, inputs):
         if not isinstance(d, torch.Tensor):
             continue
         if tuple(x.shape) != tuple(d.shape):
             raise ValueError(f"input of shape {tuple(x.shape)} for a buffer of shape {tuple(d.shape)}")
+        few = _few_lines(x.shape, transform, gen, device)
         if x.dim() == 0 or x.numel() <= chunk:
-            d.copy_(_prep(x, device, dtype, transform, gen))
+            d.copy_(_prep(x, device, dtype, transform, gen, _few_mask(few, x.shape, 0, x)))
         elif x.is_contiguous() and d.is_contiguous():
             xf, df = x.view(-1), d.view(-1)
             for s in range(0, xf.numel(), chunk):
-                df[s:s + chunk].copy_(_prep(xf[s:s + chunk], device, dtype, transform, gen))
+                part = xf[s:s + chunk]
+                df[s:s + chunk].copy_(_prep(part, device, dtype, transform, gen, _few_mask(few, x.shape, s, part)))
         else:  # strided (a task's get_inputs returned a transposed view): slices of the first dimension
             step = max(1, chunk // max(1, x[0].numel()))
             for s in range(0, x.shape[0], step):
-                d[s:s + step].copy_(_prep(x[s:s + step], device, dtype, transform, gen))
+                rows = x[s:s + step]
+                few_rows = _few_mask(few, x.shape, s * x[0].numel(), rows)
+                d[s:s + step].copy_(_prep(rows, device, dtype, transform, gen, few_rows))
 
 
 def init_inputs(module, shape: Shape) -> list:

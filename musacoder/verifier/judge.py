@@ -322,11 +322,13 @@ class _Run:
         if cc.distribution_variants:
             plan.append(("sign-symmetric inputs", Shape(), seed(), "sign"))
             plan += [(f"inputs x{s:g}", Shape(), seed(), f"scale{s:g}") for s in cc.rescale_factors]
+            few = rng.choice(("negfew", "posfew"))  # at the task's sizes too: a kernel may spot small ones
+            plan.append((_TRANSFORM_LABELS[few][2:], Shape(), seed(), few))
         if cc.shape_variants:
             picks = [(f, None, [""]) for f in rng.sample(list(cc.shape_scales),
                                                          min(cc.shape_variant_count, len(cc.shape_scales)))]
             picks += [(rng.choice(cc.shape_scales), rng, [""])] if cc.ragged_shape else []
-            small = ["sign", "neg", "pos"] if cc.distribution_variants else [""]
+            small = ["sign", "neg", "pos", "negfew", "posfew"] if cc.distribution_variants else [""]
             picks += [(rng.choice(cc.small_scales), None, small)] if cc.small_shape else []
             for factor, ragged, transforms in picks:
                 over = scaled_constants(self.task, factor, cc.shape_min_size, ragged=ragged)
@@ -758,7 +760,9 @@ def _finite(vals) -> bool:
     return all(not isinstance(v, torch.Tensor) or not v.is_floating_point() or all_finite(v) for v in vals)
 
 
-_TRANSFORM_LABELS = {"": "", "sign": ", sign-symmetric inputs", "neg": ", negative inputs", "pos": ", positive inputs"}
+_TRANSFORM_LABELS = {"": "", "sign": ", sign-symmetric inputs", "neg": ", negative inputs", "pos": ", positive inputs",
+                     "negfew": ", positive inputs but a few negative lines",
+                     "posfew": ", negative inputs but a few positive lines"}
 
 
 def _spot(b: dict, tol: float, rng: random.Random) -> str:
