@@ -88,7 +88,7 @@ class VerifyConfig(Settings):
     # and device runtime each: ~20 ms instead of ~1.5 s of CPU (cpu) or ~10 s (a GPU host). false: from scratch.
     fork_subjects: bool = True
     # Candidate processes each judge keeps starting ahead of need (each holds a device context, ~0.6 GiB on an H100).
-    # 0: the judge's cores / 4, at most 8. Fewer where many judges or a model share a GPU's memory.
+    # 0: the judge's cores / 4, at most 8, split among the judges sharing its device (judge.auto_spares).
     spares: int = 0
     # Address-space cap of cpu-backend workers, in GiB (0: none). CUDA workers are not capped this way: the driver
     # reserves far more virtual memory than it uses.

@@ -172,6 +172,7 @@ def test_unknown_or_unavailable_backend_is_a_clear_error(tmp_path):
 # ---- the device side, over the fake torch.musa ------------------------------------------------------------------
 def test_musa_device_hooks(fake_musa, monkeypatch):
     from musacoder.pool.slots import compile_env, device_env
+    from musacoder.verifier.judge import auto_spares
     from musacoder.verifier.legality import OpTrace
 
     b = get_backend("musa")
@@ -187,6 +188,10 @@ def test_musa_device_hooks(fake_musa, monkeypatch):
     assert compile_env("musa", cfg, {"TORCH_MUSA_ARCH_LIST": "22"})["MUSA_VISIBLE_DEVICES"] == ""
     monkeypatch.setenv("MUSA_VISIBLE_DEVICES", "4,5")
     assert device_env("musa", cfg, 1) == {"MUSA_VISIBLE_DEVICES": "5"}
+    # eight judges on one device split the automatic spares (each a device context) instead of 8 each
+    assert device_env("musa", cfg, 1, sharing=8) == {"MUSA_VISIBLE_DEVICES": "5", "MUSACODER_JUDGES_SHARING": "8"}
+    assert [auto_spares(64, 1), auto_spares(64, 8), auto_spares(16, 1), auto_spares(16, 2), auto_spares(2, 1)] == \
+        [8, 1, 4, 2, 1]
     assert OpTrace.illegal_names({"musa::flash_attn_varlen_forward": 1}, b.torch_namespaces)  # torch_musa's compute
     assert b.is_fatal(RuntimeError("MUSA error: unknown error")) and not b.is_fatal(ValueError("shape mismatch"))
     monkeypatch.setattr(fake_musa.rt, "sticky", True)  # nothing in the message, but the next sync fails

@@ -93,7 +93,8 @@ class LocalPool(PoolBase):
         slot.kill()
 
     def _device_loop(self, i: int):
-        slot = DeviceSlot(self.backend, self.cfg, self.cfg.cache_dir, self._on[i], self._locks[i])
+        slot = DeviceSlot(self.backend, self.cfg, self.cfg.cache_dir, self._on[i], self._locks[i],
+                          self._on.count(self._on[i]))
         hello = slot.start()
         if i == 0:
             self._device_info = hello

@@ -62,26 +62,29 @@ class CompileSlot:
         self.worker.kill()
 
 
-def device_env(backend: str, cfg: VerifyConfig, index: int | None) -> dict:
+def device_env(backend: str, cfg: VerifyConfig, index: int | None, sharing: int = 1) -> dict:
     """Pin the worker to one device through the backend's visible-devices variable (CUDA_VISIBLE_DEVICES,
-    MUSA_VISIBLE_DEVICES); `index` None means the scheduler (Ray) already set it."""
+    MUSA_VISIBLE_DEVICES); `index` None means the scheduler (Ray) already set it. `sharing`: how many judges the
+    device has (their automatic spares are split among them: judge.auto_spares)."""
     from musacoder.backends import get_backend
 
     if backend == "cpu":
         # the judge's own OpenMP threads must not spin on the cores its subjects are timed on
         return {"MUSACODER_WORKER_MEM_GB": str(cfg.worker_mem_gb), "OMP_WAIT_POLICY": "PASSIVE", **worker_env(cfg)}
+    env = {**worker_env(cfg), **({"MUSACODER_JUDGES_SHARING": str(sharing)} if sharing > 1 else {})}
     if index is None:
-        return worker_env(cfg)
+        return env
     var = get_backend(backend).visible_devices_var
     visible = [d for d in os.environ.get(var, "").split(",") if d.strip()]
-    return {var: visible[index] if index < len(visible) else str(index), **worker_env(cfg)}
+    return {var: visible[index] if index < len(visible) else str(index), **env}
 
 
 class DeviceSlot:
     """One device: its judge process (which starts the reference and candidate subjects itself)."""
 
-    def __init__(self, backend: str, cfg: VerifyConfig, cache_dir: Path, index: int | None, device_lock: str = ""):
-        env = device_env(backend, cfg, index)
+    def __init__(self, backend: str, cfg: VerifyConfig, cache_dir: Path, index: int | None, device_lock: str = "",
+                 sharing: int = 1):
+        env = device_env(backend, cfg, index, sharing)
         self.cfg, self.device_lock = cfg, device_lock
         self.dev = WorkerProcess("device", backend, cache_dir, env=env, max_jobs=cfg.worker_max_jobs)
         self.hello: dict = {}

@@ -57,6 +57,13 @@ from musacoder.verifier.timing import LEFT_RUNNING_MS, left_running, paired_spee
 from musacoder.verifier.zygote import ForkedWorker, Zygote
 
 
+def auto_spares(cores: int, sharing: int) -> int:
+    """Spare candidate processes a judge keeps starting when `verify.spares` is 0: a quarter of its cores, at most 8,
+    split among the judges sharing its device, since each spare holds a device context (~0.6 GiB on an H100: eight
+    judges of 8 spares held 51 GB of an H100)."""
+    return max(1, min(8, cores // 4) // max(1, sharing))
+
+
 class Subject:
     """The judge's handle on one subject process."""
 
@@ -126,7 +133,8 @@ class Judge:
         # on a GPU host: Python, torch, the device runtime); `verify.fork_subjects=false` starts each from scratch.
         # A spare still creates its device context (~1 s), longer than a cached verification: a device judge keeps
         # several starting where its cores allow (`verify.spares`).
-        n = (int(os.environ.get("MUSACODER_SPARES") or 0) or min(8, max(1, usable_cores() // 4))) if use_device else 1
+        n = (int(os.environ.get("MUSACODER_SPARES") or 0)
+             or auto_spares(usable_cores(), int(os.environ.get("MUSACODER_JUDGES_SHARING") or 1))) if use_device else 1
         self.zygote = None
         if os.environ.get("MUSACODER_FORK_SUBJECTS") != "0":
             env = {"OMP_WAIT_POLICY": "PASSIVE"}  # read once, when OpenMP loads: must be set before the import
