@@ -45,7 +45,7 @@ class TimingConfig(Settings):
     warmup: int = 5
     min_reps: int = 20
     max_reps: int = 200
-    rse_target: float = 0.005  # stop once the relative standard error of the mean is below 0.5%
+    rse_target: float = 0.005  # stop once every arm's median has a relative standard error below 0.5%
     budget_s: float = 2.0  # per verification, after warm-up
     l2_flush: bool = True
     baselines: tuple[str, ...] = ("eager", "compile")

@@ -266,6 +266,7 @@ def _build(cache_dir: str, name: str, src: str, functions) -> Path:
     return Path(mod.__file__)
 
 
+@pytest.mark.slow  # two extension builds (~100 s of CI); CI builds one of the class in the exploit suite (exploit_21)
 def test_real_extensions(cache_dir):
     honest = library_symbols(_build(cache_dir, "mc_sym_honest", HONEST_EXT, ["relu_own"]))
     assert "std::thread::hardware_concurrency()" in honest.imported

@@ -272,6 +272,19 @@ def test_paired_speedup_interval():
     assert reward_speedup(2.0, 1.5, 2.5) == 2.0 and reward_speedup(0.5, 0.4, 0.6) == 0.5
 
 
+def test_the_stop_rule_reads_the_median():
+    import random
+
+    from musacoder.verifier.timing import rse
+
+    rng = random.Random(0)
+    calls = [10.0 * (1 + 0.003 * rng.gauss(0, 1)) for _ in range(20)]
+    assert rse(calls) < 0.005  # twenty steady calls reach the 0.5% target...
+    assert rse(calls[:19] + [60.0]) < 0.005  # ...and one 6x slow call among them does not undo it (a mean's would)
+    assert rse([10.0 * (1 + 0.1 * rng.gauss(0, 1)) for _ in range(20)]) > 0.01  # 10% jitter on every call does
+    assert rse([10.0]) == float("inf") and rse([0.0, 0.0]) == float("inf")
+
+
 def test_verdict_json_roundtrip():
     v = _decide({"trials": [{"kind": "seed", "passed": True, "max_abs": 0.0, "mean_abs": 0.0}], "launches": 1})
     d = json.loads(v.to_json())

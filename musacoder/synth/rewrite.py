@@ -6,7 +6,7 @@ task, every timed solution is paired with the task's fastest one (slower -> fast
 
     slow_ms / fast_ms >= max(min_speedup, 1 + sigmas * sqrt(rse_slow**2 + rse_fast**2))
 
-(`candidate_ms`, a median, and `timing_rse`, the relative standard error of the mean, of each verdict; defaults
+(`candidate_ms`, a median, and `timing_rse`, the relative standard error of that median, of each verdict; defaults
 min_speedup 1.1, sigmas 3), and the order also holds relative to each verification's own eager time
 (fast.speedup_eager > slow.speedup_eager), because the two times may come from two runs and a change of load between
 them must not make a pair. Anything else is dropped and counted with its reason: within noise, order not confirmed

@@ -608,7 +608,7 @@ class _Run:
                 n = len(cand_ms)
                 if n >= tc.max_reps:
                     break
-                if n >= tc.min_reps and (max(rse(cand_ms), rse(ref_ms)) < tc.rse_target
+                if n >= tc.min_reps and (max(rse(s) for s in (ref_ms, cand_ms, comp_ms) if s) < tc.rse_target
                                          or time.perf_counter() - t_begin > tc.budget_s):
                     break
         except (WorkerTimeout, WorkerDied):
