@@ -9,7 +9,7 @@ demo: setup
 
 test:
 	bash scripts/setup.sh test
-	$(VENV)/bin/python -m pytest -q -ra -m "not slow"
+	$(VENV)/bin/python -m pytest -q -ra -m "not slow" --durations=20
 
 test-all:  # adds the heavy sweeps (tests marked slow)
 	bash scripts/setup.sh test

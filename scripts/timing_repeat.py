@@ -42,7 +42,7 @@ def main():
                 rows.append({"task": t.key, "round": r, "status": v.status.value, "wall_s": time.perf_counter() - t0,
                              "timing_s": v.stage_seconds.get("timing"), "reps": v.timing_reps,
                              "speedup": v.speedup_eager, "interval": v.details.get("speedup_interval"),
-                             "candidate_ms": v.candidate_ms, "eager_ms": v.eager_ms})
+                             "candidate_ms": v.candidate_ms, "eager_ms": v.eager_ms, "stages": v.stage_seconds})
                 print(json.dumps(rows[-1]), flush=True)
     summary = {}
     for key in PAIRS:

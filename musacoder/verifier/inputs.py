@@ -128,9 +128,7 @@ def _few_lines(shape, transform: str, gen, device) -> torch.Tensor | None:
         return None
     dims = tuple(shape)
     table = dims[:1] + dims[-1:] if len(dims) >= 3 else dims[:1] or (1,)
-    n = 1
-    for d in table:
-        n *= d
+    n = math.prod(table)
     few = torch.zeros(n, dtype=torch.bool, device=device)
     if n > 1:
         few[torch.randperm(n - 1, generator=gen, device=device)[:max(1, n // 16)] + 1] = True
