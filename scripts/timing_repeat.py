@@ -13,13 +13,13 @@ import statistics
 import time
 from pathlib import Path
 
+from compare_kernelbench import PAIRS, ROOT  # the problems and their shipped honest kernels
+
 from musacoder.config import VerifyConfig
-from musacoder.examples_catalog import EXAMPLES_DIR
 from musacoder.pool.local import LocalPool
 from musacoder.tasks import load_tasks
 
-PAIRS = {"level1/19_ReLU": "honest_relu", "level1/1_Square_matrix_multiplication_": "honest_matmul",
-         "level1/23_Softmax": "honest_softmax", "level2/76_Gemm_Add_ReLU": "honest_gemm_add_relu"}
+TASKS = "level1/19_ReLU,level1/1_Square_matrix_multiplication_,level1/23_Softmax,level2/76_Gemm_Add_ReLU"
 
 
 def main():
@@ -28,24 +28,27 @@ def main():
     ap.add_argument("--cache", required=True)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--tasks", default=TASKS, help="comma-separated keys of compare_kernelbench.PAIRS")
     args = ap.parse_args()
-    tasks = [t for t in load_tasks(args.kb_jsonl, levels=[1, 2]) if t.key in PAIRS]
+    keys = args.tasks.split(",")
+    tasks = [t for t in load_tasks(args.kb_jsonl, levels=[1, 2]) if t.key in keys]
+    code = {k: (ROOT / PAIRS[k]).read_text() for k in keys}
     cfg = VerifyConfig(backend="cuda", cache_dir=args.cache, profile="kernelbench")
     cfg.timing.baselines = ("eager",)
     rows = []
     with LocalPool(cfg) as pool:
-        list(pool.verify_many([(t, (EXAMPLES_DIR / "cuda" / f"{PAIRS[t.key]}.py").read_text()) for t in tasks]))
+        list(pool.verify_many([(t, code[t.key]) for t in tasks]))
         for r in range(args.rounds):
             for t in tasks:
                 t0 = time.perf_counter()
-                v = pool.submit(t, (EXAMPLES_DIR / "cuda" / f"{PAIRS[t.key]}.py").read_text()).result()
+                v = pool.submit(t, code[t.key]).result()
                 rows.append({"task": t.key, "round": r, "status": v.status.value, "wall_s": time.perf_counter() - t0,
                              "timing_s": v.stage_seconds.get("timing"), "reps": v.timing_reps,
                              "speedup": v.speedup_eager, "interval": v.details.get("speedup_interval"),
                              "candidate_ms": v.candidate_ms, "eager_ms": v.eager_ms, "stages": v.stage_seconds})
                 print(json.dumps(rows[-1]), flush=True)
     summary = {}
-    for key in PAIRS:
+    for key in keys:
         mine = [x for x in rows if x["task"] == key and x["speedup"]]
         if not mine:
             continue
