@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
+
 import torch
 
 from musacoder.backends.base import DEVICE_FATAL, GpuBackend
@@ -24,6 +27,15 @@ class CudaBackend(GpuBackend):
     def rt(self):
         return torch.cuda
 
+    def flush_cache(self) -> None:
+        """Persisting L2 lines first made normal again: a candidate that marked its own data persisting (an
+        access-policy window on its stream) could otherwise keep it cached through the flush on a device whose flush
+        spares them (on an H100 the flush alone evicts them: docs/verifier.md)."""
+        reset = _reset_persisting_l2()
+        if reset is not None:
+            reset()
+        super().flush_cache()
+
     def versions(self) -> dict[str, str]:
         return {**super().versions(), "cuda": str(torch.version.cuda)}
 
@@ -33,3 +45,13 @@ class CudaBackend(GpuBackend):
         prof, _ = self.profile_kernels(fn, args, own_kernels, ProfilerActivity.CUDA,
                                        lambda t: t == torch.autograd.DeviceType.CUDA, LIBRARY_KERNELS)
         return prof
+
+
+@functools.cache
+def _reset_persisting_l2():
+    """The driver's cuCtxResetPersistingL2Cache (the calling thread's context is torch's primary one), or None where
+    the driver has none; its result is not checked: where there is no set-aside (MIG), there is nothing to reset."""
+    try:
+        return ctypes.CDLL("libcuda.so.1").cuCtxResetPersistingL2Cache
+    except (OSError, AttributeError):
+        return None
