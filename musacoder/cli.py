@@ -230,7 +230,7 @@ def demo(backend: Backend = BackendOpt,
     console.print(f"Verifying {len(examples)} shipped candidates on the [bold]{backend}[/bold] backend"
                   + (f" ({why})" if why else "") + " (first run builds their extensions; later runs hit the build "
                   "cache)")
-    pairs = [(builtin_task(e.task), e.path.read_text()) for e in examples]
+    pairs = [(builtin_task(e.task), e.code) for e in examples]
     verdicts = {}
     with LoggedProgress(console=console, transient=True) as prog:
         bar = prog.add_task("verifying", total=len(pairs))

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 EXAMPLES_DIR = Path(__file__).parent / "examples"
+# The MUSA backends have no examples of their own: they get the CUDA ones translated c2m (musa-on-cuda gives them the
+# CUDA verdicts, tested on an H100; on MUSA hardware that is the expectation, never run).
+MUSA_BACKENDS = ("musa", "musa-on-cuda")
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,16 @@ class Example:
         return EXAMPLES_DIR / self.file
 
     @property
+    def code(self) -> str:
+        """The candidate as its backend receives it: the file's text, in MUSA dialect for the MUSA backends."""
+        text = self.path.read_text()
+        if self.backend in MUSA_BACKENDS:
+            from musacoder.musa.translate import C2M, translate
+
+            text = translate(text, C2M).text
+        return text
+
+    @property
     def name(self) -> str:
         return Path(self.file).stem
 
@@ -38,4 +51,6 @@ def load_catalog(backend: str | None = None) -> list[Example]:
     entries = json.loads((EXAMPLES_DIR / "catalog.json").read_text())
     fields = Example.__dataclass_fields__
     out = [Example(**{k: e.get(k) for k in fields}) for e in entries]
+    if backend in MUSA_BACKENDS:
+        return [replace(e, backend=backend) for e in out if e.backend == "cuda"]
     return [e for e in out if backend is None or e.backend == backend]

@@ -82,7 +82,7 @@ def batch(args):
         names, accepted = [r["task"] for r in rows], [("ok",)] * len(rows)
     else:
         examples = load_catalog(args.backend)[:args.limit or None]
-        distinct = [(builtin_task(e.task), e.path.read_text()) for e in examples]
+        distinct = [(builtin_task(e.task), e.code) for e in examples]
         names, accepted = [e.path.name for e in examples], [e.accepted for e in examples]
     return [j for _ in range(args.repeats) for j in distinct], names, accepted
 

@@ -27,7 +27,7 @@ def jobs(salt: str, variants: int):
     for e in load_catalog("cuda"):
         if not e.honest:
             continue
-        src = e.path.read_text()
+        src = e.code
         for k in range(variants):
             out.append((builtin_task(e.task), src.replace("#include <torch/extension.h>",
                                                           f"#include <torch/extension.h>\n// variant {salt}-{k}", 1)))

@@ -48,7 +48,7 @@ def main():
     ap.add_argument("--cache", help="build cache to use (default: a new one, so the first pass builds)")
     a = ap.parse_args()
     examples = [e for e in load_catalog(a.backend) if e.honest or not a.honest]
-    pairs = [(builtin_task(e.task), e.path.read_text()) for e in examples]
+    pairs = [(builtin_task(e.task), e.code) for e in examples]
     with tempfile.TemporaryDirectory() as tmp:
         cache = a.cache or tmp
         cfg = VerifyConfig.from_options({"backend": a.backend, "cache_dir": cache, "timing_enabled": a.timing},

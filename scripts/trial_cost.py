@@ -25,7 +25,7 @@ def run(backend: str, examples, cache: str, over: dict | None, repeats: int) -> 
                        **({"profile": "kernelbench"} if over is None else {}))
     for k, v in (over or {}).items():
         setattr(cfg.correctness, k, v)
-    pairs = [(builtin_task(e.task), e.path.read_text()) for e in examples] * repeats
+    pairs = [(builtin_task(e.task), e.code) for e in examples] * repeats
     secs: dict[str, list[float]] = {e.name: [] for e in examples}
     status: dict[str, str] = {}
     with LocalPool(cfg) as pool:

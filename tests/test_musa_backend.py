@@ -330,6 +330,25 @@ def test_musa_on_cuda_turns_c2m_examples_back_into_the_originals(tmp_path):
     assert Verdict.from_dict(v.to_dict()).portability == v.portability and '"emulated": true' in v.to_json()
 
 
+def test_musa_backends_get_the_cuda_examples_in_musa_dialect():
+    """`demo --backend musa` and the RL warm start read the catalog: the CUDA examples, translated c2m."""
+    from musacoder.conversation import task_messages
+    from musacoder.train.rl.trainer import warm_start_records
+
+    cuda = load_catalog("cuda")
+    for backend in ("musa", "musa-on-cuda"):
+        musa = load_catalog(backend)
+        assert [e.file for e in musa] == [e.file for e in cuda] and {e.backend for e in musa} == {backend}
+        for m, c in zip(musa, cuda, strict=True):
+            assert m.code == translate(c.code, C2M).text and translate(m.code, M2C).text == c.code
+        relu = next(e for e in musa if e.name == "honest_relu")
+        assert "musa_sources" in relu.code and "cuda_sources" not in relu.code
+    task = builtin_task("level1/19_ReLU")
+    records = warm_start_records([task], "musa-on-cuda", False, ["cuda/honest_relu.py"])
+    assert len(records) == 1 and "musa_sources" in records[0]["messages"][-1]["content"]
+    assert records[0]["messages"][:-1] == task_messages(task, "musa-on-cuda", False)
+
+
 def test_musa_feedback_carries_findings_and_ptx_is_refused_before_building(fake_musa, tmp_path):
     v, admitted = _admit("musa", PTX_RELU, tmp_path)
     assert admitted == [] and v.status is Status.COMPILE_ERROR and not v.emulated
@@ -378,9 +397,9 @@ def test_musa_on_cuda_gives_the_cuda_verdicts(cache_dir):
     from musacoder.verifier.api import verify_many
 
     examples = load_catalog("cuda")
-    pairs = [(builtin_task(e.task), e.path.read_text()) for e in examples]
-    cuda = dict(verify_many(pairs, VerifyConfig(backend="cuda", cache_dir=cache_dir, timing_enabled=False)))
-    musa = dict(verify_many([(t, translate(c, C2M).text) for t, c in pairs],
+    cuda = dict(verify_many([(builtin_task(e.task), e.code) for e in examples],
+                            VerifyConfig(backend="cuda", cache_dir=cache_dir, timing_enabled=False)))
+    musa = dict(verify_many([(builtin_task(e.task), e.code) for e in load_catalog("musa-on-cuda")],
                             VerifyConfig(backend="musa-on-cuda", cache_dir=cache_dir, timing_enabled=False)))
     for i, e in enumerate(examples):
         assert musa[i].emulated and not cuda[i].emulated

@@ -320,7 +320,7 @@ def test_cli_reports_and_refuses_bad_input(repaired, tmp_path, capsys):
     assert "unusable: solutions.jsonl:4: not JSON" in err and f"{first['tried']} already done" in err
     assert "0 mutants tried on 3 solutions" in err
     for bad, says in ((["--solutions", str(tmp_path / "none")], "does not exist"),
-                      (["--backend", "musa"], "--backend must be cpu, cuda or triton"),
+                      (["--backend", "metal"], "--backend must be cpu, cuda, triton, musa or musa-on-cuda"),
                       (["--operators", "off_by_one,typo"], "unknown operator(s) typo")):
         args = dict(zip(run[2::2], run[3::2]))
         args.update(dict(zip(bad[::2], bad[1::2])))

@@ -182,8 +182,8 @@ def repair(solutions: Path = typer.Option(..., help="solutions.jsonl of `synth s
            tasks: TasksOpt = None,
            per_solution: int = typer.Option(3, min=1, help="mutants per solution, each by another operator"),
            seed: int = typer.Option(0, help="picks the operators and where they inject the bug"),
-           backend: str = typer.Option("cpu", help="cpu, cuda or triton: the solutions of this backend, verified "
-                                                   "on it"),
+           backend: str = typer.Option("cpu", help="cpu, cuda, triton, musa or musa-on-cuda: the solutions of this "
+                                                   "backend, verified on it"),
            operators: str | None = typer.Option(None, help="comma-separated mutation operators (default: all)")):
     """Stage 3a: inject realistic bugs into verified solutions, verify each mutant with MooreEval, and write the
     failing ones as repair (with the verifier's real feedback) and reviewer records. --tasks: the tasks `synth
@@ -203,8 +203,8 @@ def repair(solutions: Path = typer.Option(..., help="solutions.jsonl of `synth s
     from musacoder.tasks import TaskLoadError
     from musacoder.tasks.select import select_tasks
 
-    if backend not in ("cpu", "cuda", "triton"):
-        fail(f"--backend must be cpu, cuda or triton, not {backend!r}")
+    if backend not in ("cpu", "cuda", "triton", "musa", "musa-on-cuda"):
+        fail(f"--backend must be cpu, cuda, triton, musa or musa-on-cuda, not {backend!r}")
     ops = [o.strip() for o in operators.split(",") if o.strip()] if operators else None
     unknown = [o for o in ops or [] if o not in OPERATORS]
     if unknown:
@@ -338,8 +338,8 @@ def _passing(solutions: list[Path], out: Path, tasks, backend: str):
     from musacoder.tasks import TaskLoadError
     from musacoder.tasks.select import select_tasks
 
-    if backend not in ("cpu", "cuda", "triton"):
-        fail(f"--backend must be cpu, cuda or triton, not {backend!r}")
+    if backend not in ("cpu", "cuda", "triton", "musa", "musa-on-cuda"):
+        fail(f"--backend must be cpu, cuda, triton, musa or musa-on-cuda, not {backend!r}")
     if out.exists() and not out.is_dir():
         fail(f"{out} is a file; give a directory")
     try:

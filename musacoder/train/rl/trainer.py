@@ -224,7 +224,7 @@ def warm_start_records(tasks: list[Task], backend: str, one_shot: bool, files: l
                              f"({sorted(keys)})")
         chosen = [by_file[f] for f in files]
     return [{"messages": task_messages(keys[e.task], backend, one_shot)
-             + [{"role": "assistant", "content": "```python\n" + e.path.read_text().strip() + "\n```"}],
+             + [{"role": "assistant", "content": "```python\n" + e.code.strip() + "\n```"}],
              "task": e.task, "metadata": {"source": e.file, "honest": e.honest}}
             for e in chosen]
 
