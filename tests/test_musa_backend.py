@@ -109,6 +109,9 @@ class FakeRuntime(types.SimpleNamespace):
     def get_device_capability(self, i=0):
         return (2, 2)
 
+    def mem_get_info(self, device=None):
+        return 40 * 2**30, 48 * 2**30  # free, total: an S4000's 48 GB
+
 
 @pytest.fixture
 def fake_musa(monkeypatch):
@@ -172,6 +175,7 @@ def test_unknown_or_unavailable_backend_is_a_clear_error(tmp_path):
 # ---- the device side, over the fake torch.musa ------------------------------------------------------------------
 def test_musa_device_hooks(fake_musa, monkeypatch):
     from musacoder.pool.slots import compile_env, device_env
+    from musacoder.tasks.select import available_bytes
     from musacoder.verifier.judge import auto_spares
     from musacoder.verifier.legality import OpTrace
 
@@ -184,6 +188,7 @@ def test_musa_device_hooks(fake_musa, monkeypatch):
     v = b.versions()
     assert v["capability"] == "2.2" and v["musa"] == "4.0.0-fake" and v["torch_musa"] == "2.7.1-fake"
     assert b.build_env() == {"MUSA_VISIBLE_DEVICES": ""}
+    assert available_bytes("musa") == 40 * 2**30  # the task-size check asks the device, not host RAM
     cfg = VerifyConfig(backend="musa")
     assert compile_env("musa", cfg, {"TORCH_MUSA_ARCH_LIST": "22"})["MUSA_VISIBLE_DEVICES"] == ""
     monkeypatch.setenv("MUSA_VISIBLE_DEVICES", "4,5")

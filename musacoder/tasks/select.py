@@ -136,12 +136,14 @@ def estimate_bytes(task: Task, factor: float = 4.0) -> tuple[int, int]:
 
 
 def available_bytes(backend: str, worker_mem_gb: float = 0.0) -> int:
-    """Memory a run can use: free GPU memory for cuda/triton; else available RAM, capped by the worker limit."""
-    if backend in ("cuda", "triton"):
-        import torch
+    """Memory a run can use: free device memory on a GPU backend (cuda, triton, musa, musa-on-cuda); else available
+    RAM, capped by the worker limit."""
+    if backend != "cpu":
+        from musacoder.backends import get_backend
 
-        if torch.cuda.is_available():
-            return torch.cuda.mem_get_info()[0]
+        rt = get_backend(backend).rt  # torch.cuda, or torch_musa's torch.musa
+        if rt.is_available():
+            return rt.mem_get_info()[0]
     import psutil
 
     avail = psutil.virtual_memory().available
