@@ -338,8 +338,8 @@ def _passing(solutions: list[Path], out: Path, tasks, backend: str):
     from musacoder.tasks import TaskLoadError
     from musacoder.tasks.select import select_tasks
 
-    if backend not in ("cpu", "cuda", "triton", "musa", "musa-on-cuda"):
-        fail(f"--backend must be cpu, cuda, triton, musa or musa-on-cuda, not {backend!r}")
+    if backend not in ("cpu", "cuda", "triton"):
+        fail(f"--backend must be cpu, cuda or triton, not {backend!r}")
     if out.exists() and not out.is_dir():
         fail(f"{out} is a file; give a directory")
     try:
