@@ -12,8 +12,9 @@ verification of each judge stage (`subject_wait`: waiting for a candidate proces
 
 Candidates are the shipped CUDA examples (honest kernels and exploits, KernelBench level-1/2 tasks at their
 KernelBench sizes), repeated: the pool caches builds, never verdicts, so a repeat is a full verification; or the
-`ok` solutions of a `musacoder synth solve` run (`--solutions`, with the tasks file it solved). A first pass builds
-everything (cold, the last layout) and is reported too.
+`ok` solutions of a `musacoder synth solve` run (`--solutions`, with the tasks file it solved), or every verified
+answer of a `musacoder bench run` (`--bench`: a model's honest and failing answers mixed, each expected to get the
+status the run gave it). A first pass builds everything (cold, the last layout) and is reported too.
 
     python scripts/gpu_scaling.py --layouts 1x2,2x2,4x2,4x4,4x4-spawn --repeats 12 --out scaling.json --plot s.png
     python scripts/gpu_scaling.py --backend triton --solutions triton/solutions.jsonl --tasks clean/tasks.jsonl \
@@ -71,8 +72,18 @@ class NvmlSampler:
 
 def batch(args):
     """-> (jobs, names, accepted): the batch, a name per distinct candidate (jobs repeat them in order), and the
-    statuses each may get (the catalog's; `ok` for synthesized solutions, all verified `ok` once)."""
-    if args.solutions:
+    statuses each may get (the catalog's; `ok` for synthesized solutions, all verified `ok` once; a bench run's own)."""
+    if args.bench:
+        from musacoder.bench.store import Store
+        from musacoder.tasks.loaders import load_tasks
+
+        tasks = {t.key: t for t in load_tasks(args.tasks)}
+        store = Store(f"{args.bench}/samples.sqlite")
+        rows = [r for r in store.rows() if r.code and r.verified and r.task in tasks][:args.limit or None]
+        store.close()
+        distinct = [(tasks[r.task], r.code) for r in rows]
+        names, accepted = [f"{r.task}#{r.sample}" for r in rows], [(r.status,) for r in rows]
+    elif args.solutions:
         from musacoder.tasks.loaders import load_tasks
 
         tasks = {t.key: t for t in load_tasks(args.tasks)}
@@ -101,7 +112,7 @@ def layout(spec: str) -> tuple[list[int], set[str], int]:
 def pool_for(args, cache: str, spec: str) -> LocalPool:
     devices, flags, spares = layout(spec)
     cfg = VerifyConfig(backend=args.backend, cache_dir=cache, devices=tuple(devices),
-                       fork_subjects="spawn" not in flags, spares=spares)
+                       fork_subjects="spawn" not in flags, spares=spares, timing_enabled=not args.no_timing)
     cfg.timing.exclusive = "shared_timing" not in flags
     return LocalPool(cfg, compile_workers=args.compile_workers)
 
@@ -152,7 +163,10 @@ def main():
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--repeats", type=int, default=8, help="times each candidate is in the batch")
     ap.add_argument("--solutions", help="solutions.jsonl of `synth solve` (its ok records) instead of the examples")
-    ap.add_argument("--tasks", help="the tasks file those solutions solve")
+    ap.add_argument("--bench", help="a `musacoder bench run` directory: its verified answers (honest and failing, as "
+                    "a model wrote them), each expected to get the status the run recorded")
+    ap.add_argument("--tasks", help="the tasks file those solutions (or the bench run) used")
+    ap.add_argument("--no-timing", action="store_true", help="correctness only (timing_enabled=false)")
     ap.add_argument("--limit", type=int, default=0, help="at most this many distinct candidates")
     ap.add_argument("--compile-workers", type=int, default=None)
     ap.add_argument("--cache", default=None, help="build cache to use (default: a new temporary directory)")

@@ -127,3 +127,30 @@ def test_triton_candidates_are_verified_ok(cache_dir):
     for k, (v, r) in _verified("triton", keys, cache_dir).items():
         assert "@triton.jit" in r.candidate and "triton_poi_" not in r.candidate, k
         assert v.status.value == "ok", (k, v.reason)
+
+
+def test_the_call_takes_the_tasks_tensors_by_name_and_reads_sizes_inside():
+    """Dynamo's `call(arg0_1, ...)` takes sizes and tensors interleaved; the candidate's `_inductor_call` takes the
+    forward's tensors under their own names and reads the sizes from them. Pure AST, no compile."""
+    import ast
+
+    from musacoder.synth.inductor import _tensor_params
+
+    fn = ast.parse("""def _inductor_call(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1):
+    s77 = arg0_1
+    s94 = arg1_1
+    arg2_1_size = arg2_1.size()
+    s17 = arg2_1_size[0]
+    buf0 = torch.empty_strided((s17, s94), (s94, 1), dtype=torch.float32, device='cuda')
+    _launch_k(arg2_1, arg3_1, arg4_1, buf0, s17 * s94)
+    del arg2_1
+    return (buf0,)
+""").body[0]
+    exprs = ["y.size()[0]", "self.w.size()[1]", "x", "inputs[0]", "self.lin.weight"]
+    fn, call_args = _tensor_params(fn, exprs)
+    text = ast.unparse(fn)
+    # self.w is no tensor the call takes: its size stays an argument
+    assert call_args == ["self.w.size()[1]", "x", "inputs[0]", "self.lin.weight"], call_args
+    assert text.startswith("def _inductor_call(arg1_1, x, inputs_0, weight):"), text
+    assert "s94 = arg1_1" in text and "x_size = x.size()" in text and "_launch_k(x, inputs_0, weight, buf0" in text
+    assert "s77" not in text and "del" not in text  # y's size is read by nothing; the caller still holds x

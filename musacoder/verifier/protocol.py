@@ -71,7 +71,7 @@ class Hello(Msg):
 
 # ---- subject commands and replies ----------------------------------------------------------------------------
 class SubjectCommand(Msg):
-    op: Literal["load", "build_model", "run", "profile", "flops", "ping", "release", "exit"]
+    op: Literal["load", "build_model", "run", "conditioning", "profile", "flops", "ping", "release", "exit"]
     # load
     task_code: str = ""
     candidate_code: str = ""  # empty: this subject runs the reference
@@ -85,6 +85,9 @@ class SubjectCommand(Msg):
     inputs: list[Any] = Field(default_factory=list)  # TensorRef dicts or plain values, in get_inputs order
     outputs: list[TensorRef | None] | None = None  # where to copy the output leaves; None: report the spec only
     poison_bytes: int = 0
+    # conditioning (reference only): the trial's inputs made again inside the reference's own process
+    input_seed: int = 0
+    transform: str = ""
     # profile
     own_kernels: list[str] = Field(default_factory=list)
 
@@ -102,6 +105,7 @@ class SubjectReply(Msg):
     profile: dict | None = None
     flops: float = 0.0
     seconds: float = 0.0
+    rel_errors: list[float | None] = Field(default_factory=list)  # conditioning: per output leaf
 
 
 class BuildRequest(Msg):

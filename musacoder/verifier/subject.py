@@ -12,6 +12,7 @@ same code on the task's `Model` and never sees candidate code. Messages are `pro
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -250,6 +251,36 @@ class Subject:
                             launch_names=sorted(self.counter.names),
                             error="" if not integrity else "harness functions replaced: " + ", ".join(integrity),
                             ok=not integrity, kind="integrity" if integrity else "")
+
+
+    def op_conditioning(self, cmd):
+        """How far this reference's own output is from the same model in float64 on the trial's inputs, per output
+        leaf: ||out - out64|| / ||out64||. The inputs are made again here from the trial's seed and variant, never
+        read from buffers another process can map, so no candidate can make a trial look ill-conditioned."""
+        import copy
+
+        from musacoder.verifier.inputs import DTYPES, Shape, fill_inputs, raw_inputs
+        from musacoder.verifier.protocol import SubjectReply
+
+        torch, device = self.torch, self.device or self.torch.device("cpu")
+        raw = raw_inputs(self.task, Shape(cmd.overrides), cmd.input_seed, device)
+        args = [torch.empty(x.shape, dtype=DTYPES[cmd.precision] if x.is_floating_point() else x.dtype, device=device)
+                if isinstance(x, torch.Tensor) else x for x in raw]
+        fill_inputs(args, raw, cmd.input_seed, device, cmd.precision, cmd.transform)
+        del raw
+        model = self.models[cmd.shape_key]
+        wide = lambda x: x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
+        with torch.no_grad():
+            out = list(_leaves(model(*args)))
+            out64 = list(_leaves(copy.deepcopy(model).double()(*[wide(a) for a in args])))
+        errors = []
+        for o, o64 in zip(out, out64):
+            if not (isinstance(o, torch.Tensor) and o.is_floating_point() and o.shape == o64.shape):
+                errors.append(None)
+                continue
+            diff, norm = (o.double() - o64).norm().item(), o64.norm().item()
+            errors.append(diff / norm if norm > 0 and math.isfinite(diff / norm) else None)
+        return SubjectReply(rel_errors=errors)
 
 
 def _key(ref) -> str:
