@@ -252,7 +252,6 @@ class Subject:
                             error="" if not integrity else "harness functions replaced: " + ", ".join(integrity),
                             ok=not integrity, kind="integrity" if integrity else "")
 
-
     def op_conditioning(self, cmd):
         """How far this reference's own output is from the same model in float64 on the trial's inputs, per output
         leaf: ||out - out64|| / ||out64||. The inputs are made again here from the trial's seed and variant, never
