@@ -98,6 +98,48 @@ def test_an_ill_conditioned_trial_does_not_refuse_an_honest_kernel(cache_dir):
     task = Task(name="mish_sub_amax", code=TASK)
     cfg = VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False)
     with LocalPool(cfg) as pool:
-        honest, wrong = (v for _, v in pool.verify_many([(task, HONEST), (task, WRONG)]))
+        got = dict(pool.verify_many([(task, HONEST), (task, WRONG)]))  # completion order: keyed by index
+    honest, wrong = got[0], got[1]
     assert honest.status.value == "ok", honest.reason
     assert wrong.status.value == "incorrect", wrong.reason
+
+
+HONEST_TRITON = '''import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mish_sub_amax(x_ptr, out_ptr, cols, scale, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < cols
+    v = tl.load(x_ptr + row * cols + offs, mask=mask, other=0.0)
+    e = tl.exp(v)
+    m = -2.0 * v / (e * (e + 2.0) + 2.0)  # mish(v) - v without the cancellation
+    tl.store(out_ptr + row, tl.max(tl.where(mask, m, float("-inf")), axis=0) * scale)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        x = x.contiguous()
+        rows, cols = x.shape
+        out = torch.empty(rows, device=x.device, dtype=x.dtype)
+        mish_sub_amax[(rows,)](x, out, cols, 1.0, BLOCK=triton.next_power_of_2(cols))
+        return out
+'''
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+def test_an_ill_conditioned_trial_does_not_refuse_an_honest_triton_kernel(cache_dir):
+    """The same on a GPU, the kernel in Triton as synthesis found it; half the output still fails."""
+    task = Task(name="mish_sub_amax", code=TASK)
+    wrong = HONEST_TRITON.replace("1.0, BLOCK", "0.5, BLOCK")
+    cfg = VerifyConfig(backend="triton", cache_dir=cache_dir, timing_enabled=False)
+    with LocalPool(cfg) as pool:
+        got = dict(pool.verify_many([(task, HONEST_TRITON), (task, wrong)]))  # completion order: keyed by index
+    honest, bad = got[0], got[1]
+    assert honest.status.value == "ok", honest.reason
+    assert bad.status.value == "incorrect", bad.reason

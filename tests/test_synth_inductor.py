@@ -154,3 +154,46 @@ def test_the_call_takes_the_tasks_tensors_by_name_and_reads_sizes_inside():
     assert text.startswith("def _inductor_call(arg1_1, x, inputs_0, weight):"), text
     assert "s94 = arg1_1" in text and "x_size = x.size()" in text and "_launch_k(x, inputs_0, weight, buf0" in text
     assert "s77" not in text and "del" not in text  # y's size is read by nothing; the caller still holds x
+
+
+def test_kernels_and_module_keep_only_what_they_read():
+    """Inductor's kernels bind names they never read and assert bounds that only Triton's debug mode checks; the task's
+    size constants are read only by its input makers. The candidate keeps the kernel's loads, loop-carried values,
+    stores and barriers, and the constants and imports something reads. Pure AST, no compile."""
+    import ast
+
+    from musacoder.synth.inductor import _needed, _tidy_kernel
+
+    fn = ast.parse("""def k(in_ptr0, out_ptr0, xnumel, r0_numel, XBLOCK: tl.constexpr, R0_BLOCK: tl.constexpr):
+    rnumel = r0_numel
+    RBLOCK: tl.constexpr = R0_BLOCK
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    xmask = xindex < xnumel
+    _tmp2 = tl.full([XBLOCK, R0_BLOCK], 0, tl.float32)
+    for r0_offset in tl.range(0, r0_numel, R0_BLOCK):
+        r0_index = r0_offset + tl.arange(0, R0_BLOCK)[None, :]
+        roffset = r0_offset
+        tmp0 = tl.load(in_ptr0 + (r0_index + 8 * xindex), xmask, eviction_policy='evict_first', other=0.0)
+        unused = tl.load(in_ptr0 + r0_index)
+        tl.device_assert((0 <= tmp0) | ~xmask, 'index out of bounds')
+        _tmp2 = tl.where(xmask, _tmp2 + tmp0, _tmp2)
+        old = tl.atomic_add(out_ptr0 + xindex, tmp0, xmask)
+    tmp2 = tl.sum(_tmp2, 1)[:, None]
+    tl.debug_barrier()
+    tl.store(out_ptr0 + xindex, tmp2, xmask)
+""").body[0]
+    text = ast.unparse(_tidy_kernel(fn))
+    for gone in ("rnumel", "RBLOCK:", "roffset", "unused", "device_assert"):
+        assert gone not in text, gone
+    for kept in ("_tmp2 = tl.where", "tmp0 = tl.load", "old = tl.atomic_add", "tl.debug_barrier()", "tl.store("):
+        assert kept in text, kept
+
+    head = ast.parse("""import math
+import torch.nn.functional as F
+from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
+batch_size = 16
+width = 64
+half = width // 2
+""").body
+    kept = [ast.unparse(s) for s in _needed(head, "class ModelNew:\n    n = half\n    f = libdevice.exp")]
+    assert kept == ["from torch._inductor.runtime.triton_helpers import libdevice", "width = 64", "half = width // 2"]

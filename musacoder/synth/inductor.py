@@ -366,7 +366,7 @@ class _Translator:
         self.known: set[str] = set()
         self.params: list[str] = []
         self.launched: list[str] = []
-        self.uses: set[str] = set()  # helpers the candidate needs: "reinterpret", "math"
+        self.uses: set[str] = set()  # helpers the candidate needs: "reinterpret"
 
     def function(self, fn: ast.FunctionDef, n_inputs: int) -> ast.FunctionDef:
         body = self.stmts(fn.body)
@@ -430,8 +430,6 @@ class _Translator:
             def visit_Name(self, n):
                 if n.id not in translator.known and n.id not in _BUILTINS and n.id not in ("torch", "math"):
                     raise NoSolution("unsupported wrapper code", f"uses {n.id}")
-                if n.id == "math":
-                    translator.uses.add("math")
                 return n
 
             def visit_Attribute(self, a):
@@ -479,7 +477,6 @@ def _library_refusal(name: str) -> NoSolution | None:
 
 
 # ---- the call's parameters as a reader (or a model learning from the code) would write them -------------------
-_SIZE_METHODS = {"size", "stride", "storage_offset"}
 
 
 def _tensor_params(fn: ast.FunctionDef, arg_exprs: list[str]) -> tuple[ast.FunctionDef, list[str]]:
@@ -544,7 +541,7 @@ class _SizeRoot(ast.NodeTransformer):
         self.by_expr = by_expr
 
     def visit_Call(self, c):
-        if isinstance(c.func, ast.Attribute) and c.func.attr in _SIZE_METHODS \
+        if isinstance(c.func, ast.Attribute) and c.func.attr in _TENSOR_METHODS \
                 and ast.unparse(c.func.value) in self.by_expr:
             c.func.value = ast.Name(self.by_expr[ast.unparse(c.func.value)], ast.Load())
             return c
@@ -561,21 +558,84 @@ class _Substitute(ast.NodeTransformer):
         return ast.Name(self.names.get(n.id, n.id), n.ctx)
 
 
-def _drop_dead(body: list) -> list:
-    """Without assignments of a name nothing reads whose value only reads sizes (Inductor binds every size symbol,
-    `s94 = s27`, used or not)."""
+def _drop_dead(body: list, pure=None) -> list:
+    """Without assignments of a name nothing reads whose value has no effect, in nested blocks too (Inductor binds every
+    size symbol, `s94 = s27`, used or not; its kernels bind `rnumel`, `roffset`, ... whether they read them or not)."""
+    pure = pure or _pure
     while True:
         read = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        dead = [s for s in body if isinstance(s, ast.Assign) and len(s.targets) == 1
-                and isinstance(s.targets[0], ast.Name) and s.targets[0].id not in read and _pure(s.value)]
+        dead = {id(s) for s in _statements(body) if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value is not None
+                and all(isinstance(t, ast.Name) and t.id not in read for t in _targets(s)) and pure(s.value)}
         if not dead:
             return body
-        body = [s for s in body if not any(s is d for d in dead)]
+        body = _without(body, dead)
+
+
+def _targets(s: ast.Assign | ast.AnnAssign) -> list[ast.expr]:
+    return s.targets if isinstance(s, ast.Assign) else [s.target]
+
+
+def _statements(body: list):
+    for s in body:
+        yield s
+        for block in ("body", "orelse"):
+            if isinstance(s, (ast.For, ast.While, ast.If, ast.With)):
+                yield from _statements(getattr(s, block, []))
+
+
+def _without(body: list, ids: set[int]) -> list:
+    kept = [s for s in body if id(s) not in ids]
+    for s in kept:
+        if isinstance(s, (ast.For, ast.While, ast.If, ast.With)):
+            s.body = _without(s.body, ids) or [ast.Pass()]
+            if hasattr(s, "orelse"):
+                s.orelse = _without(s.orelse, ids)
+    return kept
 
 
 def _pure(e: ast.expr) -> bool:
     return all(not isinstance(n, ast.Call) or (isinstance(n.func, ast.Attribute) and n.func.attr in _TENSOR_METHODS)
                for n in ast.walk(e))
+
+
+# Triton calls with an effect; every other call in an Inductor kernel computes a value from its arguments
+_TRITON_EFFECTS = re.compile(r"store|atomic|assert|print|barrier|inline_asm")
+
+
+def _pure_triton(e: ast.expr) -> bool:
+    return not any(isinstance(n, ast.Call) and _TRITON_EFFECTS.search(_dotted(n.func)) for n in ast.walk(e))
+
+
+def _tidy_kernel(fn: ast.FunctionDef) -> ast.FunctionDef:
+    """The kernel without what it does not use: bindings nothing reads and `tl.device_assert` bounds checks (compiled
+    out unless Triton runs in debug mode). What the kernel computes is unchanged; the answer a model learns is
+    shorter."""
+    asserts = {id(s) for s in _statements(fn.body) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+               and _dotted(s.value.func).endswith("device_assert")}
+    fn.body = _drop_dead(_without(fn.body, asserts), _pure_triton)
+    return fn
+
+
+def _needed(stmts: list[ast.stmt], rest: str) -> list[ast.stmt]:
+    """Module-level imports and constants the candidate reads: the task's size constants (read by its input makers,
+    which the candidate does not copy) and imports nothing uses are left out."""
+    rest_reads = {n.id for n in ast.walk(parse(rest)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    while True:
+        read = rest_reads | {n.id for s in stmts for n in ast.walk(s)
+                             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        kept = []
+        for s in stmts:
+            if isinstance(s, (ast.Import, ast.ImportFrom)) and not (isinstance(s, ast.ImportFrom) and
+                                                                   s.module == "__future__"):
+                names = [a for a in s.names if a.name == "*" or (a.asname or a.name.split(".")[0]) in read]
+                if names:
+                    kept.append(type(s)(**{**s.__dict__, "names": names}))
+            elif not (isinstance(s, ast.Assign) and _pure(s.value)
+                      and all(isinstance(t, ast.Name) and t.id not in read for t in s.targets)):
+                kept.append(s)
+        if [ast.dump(s) for s in kept] == [ast.dump(s) for s in stmts]:
+            return kept
+        stmts = kept
 
 
 # ---- rendering --------------------------------------------------------------------------------------------------
@@ -590,13 +650,15 @@ def _render(tree: ast.Module, call_args: list[str], output: str, kernels: dict[s
             call_def: ast.FunctionDef, tr: _Translator, backend: str) -> str:
     used = {k: kernels[k] for k in dict.fromkeys(tr.launched)}
     native = _render_cpp(used) if backend == "cpu" else _render_triton(used)
-    header = ["import torch", "import torch.nn as nn"] + (["import math"] if "math" in tr.uses else [])
-    prelude = [ast.unparse(s) for s in tree.body if not _task_only(s)]
-    parts = ["\n".join(dict.fromkeys(header + prelude)), native]
-    if "reinterpret" in tr.uses:
-        parts.append(_REINTERPRET.strip())
-    parts += [ast.unparse(call_def), ast.unparse(_model_new(tree, call_args, output))]
-    return "\n\n\n".join(parts) + "\n"
+    # the same import block in every answer: a model trained on blocks cut to what each answer used called
+    # `triton_helpers` and `libdevice` without importing them (22 of 672 answers, H200, 2026-11-27)
+    header = ["import torch", "import torch.nn as nn"] + (_TRITON_IMPORTS if backend != "cpu" else [])
+    body = [native] + ([_REINTERPRET.strip()] if "reinterpret" in tr.uses else [])
+    body += [ast.unparse(call_def), ast.unparse(_model_new(tree, call_args, output))]
+    prelude = _needed([parse("import math").body[0]] + [s for s in tree.body if not _task_only(s)],
+                      "\n\n".join(body))
+    head = dict.fromkeys(header + [ast.unparse(s) for s in prelude])
+    return "\n\n\n".join(["\n".join(head), *body]) + "\n"
 
 
 def _task_only(s) -> bool:
@@ -678,16 +740,19 @@ def _cpu_flags() -> list[str]:
     return keep + [f"-D{m.strip()}" for m in isa.build_macro()] + isa.build_arch_flags().split()
 
 
+_TRITON_IMPORTS = ["import triton", "import triton.language as tl",
+                   "from torch._inductor.runtime import triton_helpers",
+                   "from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math"]
+
+
 def _render_triton(kernels: dict[str, _Kernel]) -> str:
     """The @triton.jit kernels without Inductor's autotuning decorator, and a launcher each with fixed blocks."""
-    imports = ["import triton", "import triton.language as tl", "from torch._inductor.runtime import triton_helpers",
-               "from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math"]
     defs, launchers = [], []
     for k in kernels.values():
         fn, kind, grid_type = _triton_kernel(k)
-        defs.append(ast.unparse(fn))
-        launchers.append(_triton_launcher(fn, kind, grid_type))
-    return "\n\n\n".join(["\n".join(imports), *defs, *launchers])
+        launchers.append(_triton_launcher(fn, kind, grid_type))  # first: a static numel is read from the body
+        defs.append(ast.unparse(_tidy_kernel(fn)))
+    return "\n\n\n".join([*defs, *launchers])
 
 
 def _triton_kernel(k: _Kernel) -> tuple[ast.FunctionDef, str, str]:
