@@ -95,13 +95,16 @@ def test_an_ill_conditioned_trial_does_not_refuse_an_honest_kernel(cache_dir):
     relative error 0.0391 (L2, against the reference's magnitude) is over 0.001, although every element is within
     atol 0.0001". A wrong kernel (half the output) must still fail: the bound is the reference's error x4, not
     nothing."""
+    _honest_ok_wrong_incorrect("cpu", HONEST, WRONG, cache_dir)
+
+
+def _honest_ok_wrong_incorrect(backend: str, honest: str, wrong: str, cache_dir):
     task = Task(name="mish_sub_amax", code=TASK)
-    cfg = VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False)
+    cfg = VerifyConfig(backend=backend, cache_dir=cache_dir, timing_enabled=False)
     with LocalPool(cfg) as pool:
-        got = dict(pool.verify_many([(task, HONEST), (task, WRONG)]))  # completion order: keyed by index
-    honest, wrong = got[0], got[1]
-    assert honest.status.value == "ok", honest.reason
-    assert wrong.status.value == "incorrect", wrong.reason
+        got = dict(pool.verify_many([(task, honest), (task, wrong)]))  # completion order: keyed by index
+    assert got[0].status.value == "ok", got[0].reason
+    assert got[1].status.value == "incorrect", got[1].reason
 
 
 HONEST_TRITON = '''import torch
@@ -135,11 +138,4 @@ class ModelNew(nn.Module):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 def test_an_ill_conditioned_trial_does_not_refuse_an_honest_triton_kernel(cache_dir):
     """The same on a GPU, the kernel in Triton as synthesis found it; half the output still fails."""
-    task = Task(name="mish_sub_amax", code=TASK)
-    wrong = HONEST_TRITON.replace("1.0, BLOCK", "0.5, BLOCK")
-    cfg = VerifyConfig(backend="triton", cache_dir=cache_dir, timing_enabled=False)
-    with LocalPool(cfg) as pool:
-        got = dict(pool.verify_many([(task, HONEST_TRITON), (task, wrong)]))  # completion order: keyed by index
-    honest, bad = got[0], got[1]
-    assert honest.status.value == "ok", honest.reason
-    assert bad.status.value == "incorrect", bad.reason
+    _honest_ok_wrong_incorrect("triton", HONEST_TRITON, HONEST_TRITON.replace("1.0, BLOCK", "0.5, BLOCK"), cache_dir)
