@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -155,7 +156,14 @@ def _generated(db: Path) -> int:
 
 
 def test_cli_interrupted_and_resumed(tmp_path, cache_dir):
-    server = FakeServer(lambda body: NO_CODE, delay=0.3)
+    gate = threading.Event()  # the fifth answer waits for the interrupt: a busy CI host once let the run finish first
+
+    def answer(body):
+        if len(server.requests) >= 5:
+            gate.wait(60)
+        return NO_CODE
+
+    server = FakeServer(answer, delay=0.3)
     out = tmp_path / "run"
     args = _run_args(f"openai:m@{server.url}", out)
     env = {**os.environ, "MUSACODER_CACHE": cache_dir}
@@ -170,6 +178,7 @@ def test_cli_interrupted_and_resumed(tmp_path, cache_dir):
         while time.time() < deadline and proc.poll() is None and len(server.requests) < 5:
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
+        gate.set()
         proc.communicate(timeout=60)
         assert proc.returncode != 0
         before = len(server.requests)
