@@ -144,7 +144,8 @@ def run(pool: LocalPool, jobs, spec: str) -> dict:
             "lock_timeouts": sum("lock_timeout" in v.stage_seconds for v in vs),
             "statuses": dict(Counter(v.status.value for v in vs)),
             "infra_errors": sorted({v.reason[:300] for v in vs if v.status.value == "infra_error"}),
-            "_status": [v.status.value for v in vs], "_speedup": [v.speedup_eager for v in vs]}
+            "_status": [v.status.value for v in vs], "_reason": [v.reason[:300] for v in vs],
+            "_speedup": [v.speedup_eager for v in vs]}
 
 
 def drift(base: list, other: list) -> dict:
@@ -197,14 +198,16 @@ def main():
     base = results["runs"][0]
     for r in results["runs"]:
         r["speedup_vs_first"] = round(r["per_hour"] / base["per_hour"], 2)
-        r["differ"] = [f"{names[i % len(names)]}: {a} vs {b}"
-                       for i, (a, b) in enumerate(zip(base["_status"], r["_status"], strict=True)) if a != b]
+        r["differ"] = [f"{names[i % len(names)]}: {a} vs {b} ({why})"
+                       for i, (a, b, why) in enumerate(zip(base["_status"], r["_status"], r["_reason"], strict=True))
+                       if a != b]
         r["speedup_drift_vs_first"] = drift(base["_speedup"], r["_speedup"])
-        r["unexpected"] = sorted({f"{names[i % len(names)]}: {s} (expected {accepted[i % len(names)]})"
-                                  for i, s in enumerate(r["_status"]) if s not in accepted[i % len(names)]})
+        r["unexpected"] = sorted({f"{names[i % len(names)]}: {s} (expected {accepted[i % len(names)]}): {why}"
+                                  for i, (s, why) in enumerate(zip(r["_status"], r["_reason"], strict=True))
+                                  if s not in accepted[i % len(names)]})
     results["speedups"] = {r["layout"]: r.pop("_speedup") for r in results["runs"]}
     for r in results["runs"]:
-        r.pop("_status")
+        r.pop("_status"), r.pop("_reason")
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(json.dumps({r["layout"]: {"differ": r["differ"], "unexpected": r["unexpected"],

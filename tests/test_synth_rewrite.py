@@ -12,12 +12,17 @@ from musacoder.config import TimingConfig, VerifyConfig
 from musacoder.examples_catalog import EXAMPLES_DIR
 from musacoder.pool.local import LocalPool
 from musacoder.synth.profiling import (
+    NCU_METRICS,
     OTHER_HOST,
     PROFILES,
     PROFILING,
     diagnose,
+    kernel_bound,
     load_rewrites,
+    nsight_text,
+    parse_ncu_csv,
     profiling_records,
+    short_name,
 )
 from musacoder.synth.rewrite import (
     EAGER_DISAGREES,
@@ -110,6 +115,42 @@ def test_diagnosis_rule():
     host = diagnose([row("k1", "kernel", 10, 3.0), row("aten::view", "host", 6000, 5.0),
                      row(OTHER_HOST, "host", None, 2.0)], 1.0, 10)
     assert (host.category, host.bottleneck["name"]) == ("host overhead", "aten::view")
+
+
+def _ncu_csv(launches):
+    """`ncu --import R --csv --page raw` as ncu 2025.3 writes it: header, units, a row per launch (device attributes
+    among the columns, thousands separators in numbers), after ncu's own lines."""
+    head = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+            "Grid Size", "Device", "CC", "device__attribute_architecture", *NCU_METRICS]
+    units = [""] * 12 + ["usecond", "%", "%", "%", "%", "register/thread"]  # ncu scales times unless told not to
+
+    def line(cells):
+        return ",".join(f'"{c}"' for c in cells)
+
+    rows = [line([i, 632, "python3.12", "127.0.0.1", name, 1, 7, "(128, 1, 1)", "(16384, 1, 1)", 0, "9.0", 384,
+                  *values]) for i, (name, values) in enumerate(launches)]
+    return "\n".join(["==PROF== Disconnected from process 632", line(head), line(units), *rows])
+
+
+def test_nsight_compute_read_out_and_its_rule():
+    """The report's rows become records' kernels; the named kernel gets Nsight Compute's 60% rule."""
+    relu = "void relu_kernel<float>(const float *, float *, long)"
+    text = _ncu_csv([(relu, ["1,234.567", "12.5", "91.0", "88.4", "80.1", "16"]),
+                     ("triton_poi_fused_add_0", ["2.048", "70.6", "30", "n/a", "50", "24"])])
+    relu_k, add_k = parse_ncu_csv(text)
+    assert relu_k == {"kernel": relu, "grid": "(16384, 1, 1)", "block": "(128, 1, 1)", "duration_ns": 1234567,
+                      "sm_pct": 12.5, "memory_pct": 91.0, "dram_pct": 88.4, "occupancy_pct": 80.1, "registers": 16.0}
+    assert add_k["dram_pct"] is None and add_k["duration_ns"] == 2048
+    assert parse_ncu_csv("==ERROR== InterprocessLockFailed\n") == []
+    assert short_name(relu) == "relu_kernel" and short_name("triton_poi_fused_add_0") == "triton_poi_fused_add_0"
+    assert short_name("void at::native::reduce_kernel<512, 1>(T3)") == "reduce_kernel"
+    assert [kernel_bound(k) for k in (relu_k, add_k)] == ["memory-bound", "compute-bound"]
+    assert kernel_bound({"sm_pct": 30.0, "memory_pct": 59.0}) == "latency-bound"
+    # the named kernel is found by its function name, though ncu's longest launch is another one
+    d = diagnose([{"name": "triton_poi_fused_add_0", "kind": "kernel", "calls": 1, "self_ms": 1.0}], 1.0, 1)
+    said = nsight_text(d, [relu_k, add_k])
+    assert said.startswith("Nsight Compute, one forward: `triton_poi_fused_add_0` took 2.048 us") and \
+        "71% of peak SM throughput" in said and "it is compute-bound" in said and "DRAM" not in said
 
 
 def test_slow_teacher_makes_scalar_single_threaded_code():
@@ -235,6 +276,56 @@ def test_cli_reruns_do_nothing_and_bad_input_exits_2(profiled, paired, tmp_path,
                         "no rewrite_pairs.jsonl there")):
         code, err = call(*args)
         assert code == 2 and "error:" in err and says in err and "Traceback" not in err, err
+
+
+TRITON_RELU = """import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def relu_tl(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=mask), 0.0), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        relu_tl[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+        return out
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_nsight_compute_measures_the_named_kernel_on_a_gpu(backend, tmp_path, cache_dir):
+    """A CUDA and a Triton ReLU through `profiling_records` with ncu (the device machine has it): the record carries
+    what ncu measured of the kernel torch.profiler named, in its prompt and its answer."""
+    import shutil
+
+    if shutil.which("ncu") is None:
+        pytest.skip("ncu is not on PATH")
+    code = (EXAMPLES_DIR / "cuda" / "honest_relu.py").read_text() if backend == "cuda" else TRITON_RELU
+    cfg = VerifyConfig(backend=backend, cache_dir=cache_dir)
+    summary = profiling_records([Solution(RELU_TASK, code, "test", {}, backend)], tmp_path, cfg, iterations=5)
+    assert summary["statuses"] == {"ok": 1} and summary["nsight_statuses"] == {"ok": 1}, _lines(tmp_path / PROFILES)
+    (rec,) = load_records([tmp_path / PROFILING])[0]
+    meta, (prof,) = rec.metadata, _lines(tmp_path / PROFILES)
+    assert meta["nsight_compute"] == "measured", meta["nsight_compute"]
+    # the kernel torch.profiler saw is the one ncu measured (names as each writes them: `relu_kernel(float const*,
+    # float*, long)` and `relu_kernel(const float *, float *, long)`)
+    seen = {short_name(r["name"]) for r in prof["rows"] if r["kind"] == "kernel"}
+    (k,) = [k for k in meta["ncu_kernels"] if short_name(k["kernel"]) in seen]
+    assert short_name(k["kernel"]) == ("relu_kernel" if backend == "cuda" else "relu_tl"), k["kernel"]
+    # 256k floats read and written: 2.3 us for a kernel of that size on an H200 (2026-11-27); in ns, not us or ms
+    assert 500 < k["duration_ns"] < 1e6 and 0 < k["sm_pct"] <= 100 and 0 < k["memory_pct"] <= 100, k
+    assert k["registers"] > 0
+    assert "Nsight Compute, one forward after the warm-up" in rec.messages[1]["content"]
+    assert f"Nsight Compute, one forward: `{short_name(k['kernel'])}` took" in rec.messages[-1]["content"]
 
 
 @pytest.mark.slow

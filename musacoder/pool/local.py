@@ -34,8 +34,9 @@ class LocalPool(PoolBase):
         if self.cfg.devices and seen and max(self.cfg.devices) >= seen:
             raise ValueError(f"verify.devices {list(self.cfg.devices)} names a device this host does not have "
                              f"({seen} visible)")
-        # judges sharing a device take its lock (correctness side by side, timing alone); the path is secret
-        shared = shared_devices(self._on) if self.cfg.timing.exclusive else set()
+        # judges sharing a device take its lock (correctness side by side, timing alone unless timing.exclusive is
+        # off, whose-work-is-it alone always); the path is secret
+        shared = shared_devices(self._on)
         self._lock_dir = lock_dir() if shared else None
         self._locks = [str(self._lock_dir / f"device-{d}") if d in shared else "" for d in self._on]
         cores = len(self.cfg.cpus) or usable_cores()  # the verifier's own cores, not the host's

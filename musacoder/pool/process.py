@@ -48,11 +48,14 @@ class WorkerDied(RuntimeError):
 
 class WorkerProcess:
     def __init__(self, role: str, backend: str, cache_dir: Path, env: dict | None = None, max_jobs: int = 64,
-                 start_timeout: float = 300.0, argv: list[str] | None = None, log_path: Path | None = None):
-        """`argv`: the module and arguments to run instead of a pool worker (a judge's subject processes)."""
+                 start_timeout: float = 300.0, argv: list[str] | None = None, log_path: Path | None = None,
+                 launcher: list[str] | None = None):
+        """`argv`: the module and arguments to run instead of a pool worker (a judge's subject processes);
+        `launcher`: a command that runs the Python process as its child (a profiler)."""
         self.role, self.backend, self.cache_dir = role, backend, Path(cache_dir)
         self.argv = argv or ["musacoder.pool.worker", "--role", role, "--backend", backend, "--cache", str(cache_dir)]
         self.env = env or {}
+        self.launcher = launcher or []
         self.max_jobs = max_jobs
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
@@ -74,7 +77,7 @@ class WorkerProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", *self.argv, "--fd", str(child.fileno())],
+            [*self.launcher, sys.executable, "-m", *self.argv, "--fd", str(child.fileno())],
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
             start_new_session=True)  # own process group: a timeout kills compilers and grandchildren too
         child.close()
@@ -138,6 +141,17 @@ class WorkerProcess:
             return self.log_path.read_bytes()[-n:].decode(errors="replace")
         except OSError:
             return ""
+
+    def finish(self, timeout: float) -> int | None:
+        """End the process the way it ends itself (its loop stops when the channel closes), so that a launcher
+        writes what it collected; its exit status, or None when it had to be killed after `timeout`."""
+        self.conn.close()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            self.kill()
 
     def restart(self):
         self.kill()

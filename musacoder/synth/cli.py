@@ -406,9 +406,12 @@ def profile(solutions: list[Path] = typer.Option(..., help="solutions.jsonl (any
                                                             "directory (default: --out's, when there)"),
             iterations: int = typer.Option(10, min=1, help="profiled forwards per program"),
             timeout: float = typer.Option(60.0, min=1.0, help="seconds the profiled forwards of one program may take"),
-            limit: int | None = typer.Option(None, min=1, help="the first N programs only")):
-    """Stage 3c: run each verified program under torch.profiler in a sandboxed process, name its bottleneck, and
-    write profiling records (with the faster rewrite where `synth rewrite` kept one). Resumable."""
+            limit: int | None = typer.Option(None, min=1, help="the first N programs only"),
+            nsight: bool = typer.Option(True, help="also measure one forward's kernels with Nsight Compute (GPU "
+                                                   "backends, where ncu is on PATH)")):
+    """Stage 3c: run each verified program under torch.profiler (and Nsight Compute) in a sandboxed process, name
+    its bottleneck, and write profiling records (with the faster rewrite where `synth rewrite` kept one).
+    Resumable."""
 
     from musacoder.config import VerifyConfig
     from musacoder.synth.profiling import PROFILES, PROFILING, load_rewrites, profiling_records
@@ -421,7 +424,7 @@ def profile(solutions: list[Path] = typer.Option(..., help="solutions.jsonl (any
     with LoggedProgress(console=err, transient=True) as bar:
         job = bar.add_task("profiling", total=len(found))
         summary = profiling_records(found, out, VerifyConfig(backend=backend), pairs, iterations, timeout,
-                                    lambda stage, i, n: bar.update(job, completed=i, total=n))
+                                    lambda stage, i, n: bar.update(job, completed=i, total=n), nsight)
     failed = {k: v for k, v in summary["statuses"].items() if k != "ok"}
     err.print(f"{summary['records']} profiling records ({summary['with_rewrite']} with a faster rewrite) of "
               f"{summary['tried']} programs"
@@ -430,7 +433,9 @@ def profile(solutions: list[Path] = typer.Option(..., help="solutions.jsonl (any
               + (f", {summary['skipped_existing']} already done" if summary["skipped_existing"] else ""))
     if summary["categories"]:
         err.print("  bottlenecks: " + ", ".join(f"{k} {v}" for k, v in summary["categories"].items()))
-    err.print(f"  Nsight Compute: {summary['nsight_compute']}")
+    measured = summary["nsight_statuses"]
+    err.print(f"  Nsight Compute: {summary['nsight_compute']}"
+              + (f"; {', '.join(f'{k} {v}' for k, v in measured.items())}" if measured else ""))
     err.print(f"  -> {out / PROFILING}; every program in {out / PROFILES}")
 
 

@@ -17,19 +17,29 @@ The bottleneck, by a stated rule (`diagnose`), over times per forward:
 - many launches: else (the kernel time is spread, none has half); the largest kernel is named.
 The advice that follows is by category; on the cpu it also reads the program's source (vector code, OpenMP threads).
 
-Nsight Compute metrics are not collected: the record's metadata says whether `ncu` is on PATH, and no metric is
-ever written that was not measured. Written to the output directory: profiling.jsonl (kind `profiling`) and
-profiles.jsonl (every program tried: the table, or the reason it has none). Resumable: a (task, program) already
-in profiles.jsonl is not profiled again.
+Nsight Compute, where available (a GPU backend with `ncu` on PATH): a second sandboxed process runs under
+`ncu --profile-from-start off --clock-control none`; it loads the program, runs the warm-up forwards (Triton's JIT
+compiles there), then one forward between cudaProfilerStart and cudaProfilerStop, so ncu replays exactly that
+forward's kernels. Per kernel launch: duration, SM and memory throughput as shares of peak, DRAM throughput,
+achieved occupancy, registers per thread, grid and block (`NCU_METRICS`). The named kernel (or the longest one ncu
+measured) gets a second rule, Nsight Compute's own: memory-bound when its memory throughput is at least BOUND_PCT of
+peak and above its SM throughput, compute-bound when its SM throughput is, else latency-bound. ncu's report is
+written outside the process's private directory, so the program cannot edit it after the fact; the program can
+still shape what runs between the start and stop calls, which is why the metrics are training text and never enter
+a verdict. Where ncu is missing or fails, the record says so and carries no metric. Written to the output directory:
+profiling.jsonl (kind `profiling`) and profiles.jsonl (every program tried: the table, or the reason it has none).
+Resumable: a (task, program) already in profiles.jsonl is not profiled again.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +67,14 @@ ONE_KERNEL = 0.5  # the largest kernel with at least this share of the kernel ti
 OTHER_HOST = "[host time outside profiled ops]"  # cpu: Python and glue between the ops the profiler records
 STARTUP_S = 300.0  # the profiling process starting (Python, torch, a GPU context): not the program's time
 TABLE_ROWS = 12
+# Nsight Compute metric -> its name in the records
+NCU_METRICS = {"gpu__time_duration.sum": "duration_ns",
+               "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct",
+               "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory_pct",
+               "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+               "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct",
+               "launch__registers_per_thread": "registers"}
+BOUND_PCT = 60.0  # Nsight Compute's line: under it for both SM and memory throughput, latency bounds the kernel
 
 PROMPT = Template("""\
 The program below replaces the PyTorch architecture that follows it with its own $lang kernels; MooreEval verified \
@@ -158,8 +176,9 @@ def advice(d: Diagnosis, code: str, gpu: bool, iterations: int) -> str:
 
 
 def answer_text(d: Diagnosis, code: str, wall_ms: float, iterations: int, gpu: bool, verdict: dict | None,
-                rewrite: dict | None) -> str:
-    """The assistant's answer: the bottleneck, the reasoning from the numbers, the advice, the faster program."""
+                rewrite: dict | None, kernels: list[dict] | None = None) -> str:
+    """The assistant's answer: the bottleneck, the reasoning from the numbers, the advice, what Nsight Compute
+    measured of the named kernel (`kernels`: its launches of one forward, when measured), the faster program."""
     name = d.bottleneck["name"]
     share = d.bottleneck["self_ms"] / iterations / wall_ms
     out = [f"Bottleneck: `{name}` ({d.category}: {share:.0%} of the wall time per forward)."]
@@ -181,6 +200,8 @@ def answer_text(d: Diagnosis, code: str, wall_ms: float, iterations: int, gpu: b
     if verdict and verdict.get("sol_ms"):
         why.append(f"MooreEval's speed-of-light estimate for the task is {verdict['sol_ms']:.4g} ms.")
     out += [" ".join(why), advice(d, code, gpu, iterations)]
+    if kernels:
+        out.append(nsight_text(d, kernels))
     if rewrite:
         out.append(f"A faster program for this task, verified by MooreEval and measured {rewrite['speedup']:.2f}x "
                    f"faster ({rewrite['slow_ms']:.4g} ms -> {rewrite['fast_ms']:.4g} ms):\n\n```python\n"
@@ -188,22 +209,164 @@ def answer_text(d: Diagnosis, code: str, wall_ms: float, iterations: int, gpu: b
     return "\n\n".join(out)
 
 
-def nsight_compute(backend: str) -> str:
-    """What the record says about Nsight Compute: never a metric that was not measured."""
+# ---- Nsight Compute ----------------------------------------------------------------------------------------------
+NVIDIA = ("cuda", "triton")
+_ADVICE = {
+    "memory-bound": "It moves data about as fast as the memory system allows, so a faster program moves fewer bytes: "
+                    "fuse the neighbouring ops so intermediates stay on chip, read each input once, load wider.",
+    "compute-bound": "Its arithmetic units are near their peak, so a faster program issues fewer instructions per "
+                     "output: cheaper math, index arithmetic hoisted out of loops, tensor cores for matrix products.",
+    "latency-bound": "Neither its arithmetic nor its memory is near its peak, so it mostly waits: on too few warps "
+                     "(more blocks, fewer registers a thread), on dependent loads, or on a launch too small to fill "
+                     "the GPU.",
+}
+
+
+def nsight_compute(backend: str, enabled: bool = True) -> tuple[str | None, str]:
+    """ncu's path, or None and what the records say instead: never a metric that was not measured."""
+    if not enabled:
+        return None, "off"
+    if backend not in NVIDIA:
+        return None, f"not applicable: the {backend} backend runs no NVIDIA GPU kernel"
     path = shutil.which("ncu")
-    if path is None:
-        return "not available: ncu is not on PATH"
-    if backend == "cpu":
-        return "not applicable: the cpu backend runs no GPU kernel"
-    return f"not collected: ncu is at {path}, but running it is not built yet"
+    return (path, f"ncu at {path}") if path else (None, "not available: ncu is not on PATH")
 
 
-# ---- running a program under the profiler -------------------------------------------------------------------------
+def parse_ncu_csv(text: str) -> list[dict]:
+    """`ncu --import REPORT --csv --page raw`: a header row, a units row, a row per kernel launch ->
+    [{kernel, grid, block, and NCU_METRICS' names (None where ncu gave no number)}], durations in ns whatever
+    unit ncu scaled them to."""
+    rows = list(csv.reader(line for line in text.splitlines() if not line.startswith("==")))
+    at = next((i for i, r in enumerate(rows) if r[:1] == ["ID"]), None)
+    if at is None or at + 1 >= len(rows):
+        return []
+    head, units = rows[at], rows[at + 1]
+    col = {name: i for i, name in enumerate(head)}
+    out = []
+    for r in rows[at + 2:]:
+        if len(r) != len(head) or not r[0].isdigit():  # ncu's own lines
+            continue
+        k = {"kernel": r[col["Kernel Name"]], "grid": r[col["Grid Size"]], "block": r[col["Block Size"]]}
+        for metric, name in NCU_METRICS.items():
+            value = _number(r[col[metric]]) if metric in col else None
+            scale = _TO_NS.get(units[col[metric]], 1.0) if name == "duration_ns" and len(units) == len(head) else 1.0
+            k[name] = None if value is None else value * scale
+        out.append(k)
+    return out
+
+
+_TO_NS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))  # ncu writes thousands separators
+    except ValueError:
+        return None
+
+
+def short_name(kernel: str) -> str:
+    """A demangled kernel signature's function name: `void f<4, T>(int, T2)` -> `f`."""
+    name = kernel.removeprefix("void ").strip()
+    depth = 0
+    for i, ch in enumerate(name):
+        if ch in "<(" and depth == 0 and i:
+            return name[:i].split("::")[-1]
+        depth += ch == "<"
+        depth -= ch == ">"
+    return name.split("::")[-1]
+
+
+def kernel_bound(k: dict) -> str:
+    sm, mem = k.get("sm_pct") or 0.0, k.get("memory_pct") or 0.0
+    if mem >= BOUND_PCT and mem >= sm:
+        return "memory-bound"
+    return "compute-bound" if sm >= BOUND_PCT else "latency-bound"
+
+
+def ncu_table(kernels: list[dict]) -> str:
+    lines = ["| kernel | us | SM % of peak | memory % of peak | DRAM % of peak | achieved occupancy % | registers | "
+             "grid | block |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    for k in sorted(kernels, key=lambda k: -(k["duration_ns"] or 0))[:TABLE_ROWS]:
+        lines.append(f"| {short_name(k['kernel'])} | {num(k['duration_ns'] and k['duration_ns'] / 1e3, '.4g')} | "
+                     f"{num(k['sm_pct'], '.1f')} | {num(k['memory_pct'], '.1f')} | {num(k['dram_pct'], '.1f')} | "
+                     f"{num(k['occupancy_pct'], '.1f')} | {num(k['registers'], 'g')} | {k['grid']} | {k['block']} |")
+    return "\n".join(lines)
+
+
+def nsight_text(d: Diagnosis, kernels: list[dict]) -> str:
+    """The answer's paragraph on the named kernel (the longest launch of that name ncu measured, else the longest)."""
+    def longest(ks):
+        return max(ks, key=lambda k: k["duration_ns"] or 0) if ks else None
+
+    named = short_name(d.top_kernel["name"]) if d.top_kernel else None
+    k = longest([k for k in kernels if short_name(k["kernel"]) == named]) or longest(kernels)
+    bound = kernel_bound(k)
+    facts = [f"{k['sm_pct']:.0f}% of peak SM throughput" if k["sm_pct"] is not None else None,
+             f"{k['memory_pct']:.0f}% of peak memory throughput" if k["memory_pct"] is not None else None,
+             f"DRAM {k['dram_pct']:.0f}%" if k["dram_pct"] is not None else None,
+             f"achieved occupancy {k['occupancy_pct']:.0f}%" if k["occupancy_pct"] is not None else None,
+             f"{k['registers']:g} registers a thread" if k["registers"] is not None else None]
+    took = f" took {k['duration_ns'] / 1e3:.4g} us" if k["duration_ns"] is not None else ""
+    return (f"Nsight Compute, one forward: `{short_name(k['kernel'])}`{took} (grid {k['grid']}, block "
+            f"{k['block']}): {', '.join(f for f in facts if f)}. By Nsight Compute's {BOUND_PCT:.0f}% line it is "
+            f"{bound}. {_ADVICE[bound]}")
+
+
+# ---- running a program in the profiling process -------------------------------------------------------------------
 def profile_program(task: Task, code: str, cfg: VerifyConfig, iterations: int = 10, warmup: int = 3,
                     timeout_s: float = 60.0) -> dict:
     """{status: ok | failed | crashed | timeout, reason, sandbox (as the process described it), and with ok: rows,
     wall_ms, plain_ms, device, threads}. timeout_s bounds the profiled forwards; loading (and building, when the
     cache misses) is bounded by cfg.compile_timeout_s, the process's start by STARTUP_S."""
+    from musacoder.verifier.protocol import ProfileCommand
+
+    return _run(task, code, cfg, ProfileCommand(op="profile", iterations=iterations, warmup=warmup), timeout_s)
+
+
+def nsight_program(task: Task, code: str, cfg: VerifyConfig, ncu: str, warmup: int = 3,
+                   timeout_s: float = 60.0) -> dict:
+    """One forward after `warmup` under Nsight Compute (the module docstring): {status, reason, sandbox, kernels}.
+    timeout_s bounds the measured forwards with ncu's replays, and again ncu's writing and reading of its report."""
+    from musacoder.verifier.protocol import ProfileCommand
+
+    report = Path(tempfile.mkdtemp(prefix="musacoder-ncu-"))  # not the program's: it cannot write there
+    # ncu's target side takes a lock under the temporary directory (the program's private one) or /tmp/nvidia
+    lock = Path(tempfile.gettempdir()) / "nvidia" / "nsight_compute"
+    lock.mkdir(parents=True, exist_ok=True)
+    launcher = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--metrics", ",".join(NCU_METRICS),
+                "--export", str(report / "report"), "--force-overwrite"]
+    try:
+        r = _run(task, code, cfg, ProfileCommand(op="nsight", warmup=warmup), timeout_s, launcher, [str(lock)])
+        out = {"status": r["status"], "reason": r["reason"], "sandbox": r["sandbox"], "kernels": []}
+        if r["status"] != "ok":
+            return out
+        if r["exit"] != 0:
+            what = "killed: it did not end in time" if r["exit"] is None else f"exit status {r['exit']}"
+            return {**out, "status": "failed", "reason": f"ncu: {what}: {r['log'][-800:]}"}
+        try:
+            read = subprocess.run([ncu, "--import", str(report / "report.ncu-rep"), "--csv", "--page", "raw",
+                                   "--print-units", "base"],
+                                  capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {**out, "status": "timeout", "reason": "ncu --import: no answer in time (killed)"}
+        out["kernels"] = parse_ncu_csv(read.stdout)
+        if not out["kernels"]:
+            return {**out, "status": "failed", "reason": f"ncu measured no kernel: {(read.stderr or r['log'])[-800:]}"}
+        return out
+    finally:
+        shutil.rmtree(report, ignore_errors=True)
+
+
+def _run(task: Task, code: str, cfg: VerifyConfig, cmd: ProfileCommand, timeout_s: float,
+         launcher: list[str] | None = None, writable: list[str] = ()) -> dict:
+    """Start the profiling process (under `launcher`), load the program, run `cmd`: {status, reason, sandbox, and
+    the reply's fields}. With a launcher the process is ended by closing its channel, so the launcher writes what
+    it collected: `exit` is then its exit status and `log` the tail of its output."""
     from pydantic import ValidationError
 
     from musacoder.backends import get_backend
@@ -222,14 +385,16 @@ def profile_program(task: Task, code: str, cfg: VerifyConfig, iterations: int = 
     argv = ["musacoder.synth.profiling", "--backend", backend.name, "--private", str(private), "--sandbox"]
     if backend.device_type != "cpu":  # the driver writes under the process's own /proc entry (as for subjects)
         argv += ["--writable", "/proc/self"]
+    for path in writable:
+        argv += ["--writable", path]
     proc = WorkerProcess("profiler", backend.name, cfg.cache_dir, env=env, start_timeout=STARTUP_S, argv=argv,
-                         log_path=private / "log")
+                         log_path=private / "log", launcher=launcher)
 
     def serve(msg: dict) -> dict:  # the program's load_inline: built here, by the trusted builder
         return builder.build(BuildRequest.model_validate(msg).arguments).model_dump()
 
-    def call(cmd: ProfileCommand, timeout: float) -> ProfileReply:
-        return ProfileReply.model_validate(proc.call(cmd.model_dump(), timeout, serve))
+    def call(c: ProfileCommand, timeout: float) -> ProfileReply:
+        return ProfileReply.model_validate(proc.call(c.model_dump(), timeout, serve))
 
     stage, sandbox = "starting", ""
     try:
@@ -239,10 +404,11 @@ def profile_program(task: Task, code: str, cfg: VerifyConfig, iterations: int = 
                  cfg.compile_timeout_s)
         if r.ok:
             stage = "profiling"
-            r = call(ProfileCommand(op="profile", iterations=iterations, warmup=warmup), timeout_s)
+            r = call(cmd, timeout_s)
         if not r.ok:
             return {"status": "failed", "reason": f"{stage}: {r.error[-1500:]}", "sandbox": sandbox}
-        return {"status": "ok", "reason": "", "sandbox": sandbox, **r.model_dump(exclude={"ok", "error"})}
+        ended = {"exit": proc.finish(timeout_s), "log": proc.log_tail(1500)} if launcher else {}
+        return {"status": "ok", "reason": "", "sandbox": sandbox, **r.model_dump(exclude={"ok", "error"}), **ended}
     except WorkerTimeout as e:
         return {"status": "timeout", "reason": f"{stage}: {e} (killed)", "sandbox": sandbox}
     except ValidationError as e:  # the program wrote on the process's channel itself
@@ -278,19 +444,25 @@ def load_rewrites(path: Path) -> dict[tuple[str, str], dict]:
     return out
 
 
-def profiling_messages(s: Solution, backend: str, prof: dict, iterations: int) -> list[dict]:
+def profiling_messages(s: Solution, backend: str, prof: dict, iterations: int,
+                       kernels: list[dict] | None = None) -> list[dict]:
     system = task_messages(s.task, backend, one_shot=False)[0]
+    table = table_text(prof["rows"], prof["wall_ms"], iterations)
+    if kernels:
+        table += f"\n\nNsight Compute, one forward after the warm-up, per kernel launch:\n{ncu_table(kernels)}"
     user = PROMPT.substitute(lang=STYLES[backend].lang, n=iterations, device=prof["device"], code=s.code.strip(),
                              task=s.task.code.strip(), wall=f"{prof['wall_ms']:.4g}", plain=f"{prof['plain_ms']:.4g}",
-                             table=table_text(prof["rows"], prof["wall_ms"], iterations))
+                             table=table)
     return [system, {"role": "user", "content": user}]
 
 
 def profiling_records(solutions: list[Solution], out_dir: Path, cfg: VerifyConfig,
                       rewrites: dict[tuple[str, str], dict] | None = None, iterations: int = 10,
-                      timeout_s: float = 60.0, progress: Callable[[str, int, int], None] | None = None) -> dict:
-    """Profile each program (one at a time: concurrent runs would share the cores the times are read from) and
-    write profiling.jsonl and profiles.jsonl under out_dir; return the summary."""
+                      timeout_s: float = 60.0, progress: Callable[[str, int, int], None] | None = None,
+                      nsight: bool = True) -> dict:
+    """Profile each program (one at a time: concurrent runs would share the cores the times are read from), under
+    Nsight Compute too where `nsight` and ncu is there, and write profiling.jsonl and profiles.jsonl under out_dir;
+    return the summary."""
     from musacoder.synth.clean import with_families
     from musacoder.synth.tasks import recorded
 
@@ -298,39 +470,46 @@ def profiling_records(solutions: list[Solution], out_dir: Path, cfg: VerifyConfi
     rewrites = rewrites or {}
     done = recorded(out_dir / PROFILES, lambda r: (r["task"], r["solution"]))
     todo = [s for s in solutions if (s.task.key, s.hash) not in done]
-    ncu = nsight_compute(cfg.backend)
-    statuses, categories, with_rewrite = Counter(), Counter(), 0
+    ncu, ncu_status = nsight_compute(cfg.backend, nsight)
+    statuses, categories, ncu_statuses, with_rewrite = Counter(), Counter(), Counter(), 0
     with open(out_dir / PROFILES, "a") as profs, open(out_dir / PROFILING, "a") as recs:
         for i, s in enumerate(todo, 1):
             prof = profile_program(s.task, s.code, cfg, iterations, timeout_s=timeout_s)
             statuses[prof["status"]] += 1
             base = {"task": s.task.key, "solution": s.hash, "teacher": s.teacher, "origin": s.origin,
-                    "backend": cfg.backend}
+                    "backend": cfg.backend, "nsight_compute": ncu_status, "ncu_kernels": []}
+            if prof["status"] == "ok" and ncu:
+                measured = nsight_program(s.task, s.code, cfg, ncu, timeout_s=timeout_s)
+                ncu_statuses[measured["status"]] += 1
+                base.update(nsight_compute="measured" if measured["status"] == "ok" else
+                            f"{measured['status']}: {measured['reason'][-600:]}", ncu_kernels=measured["kernels"])
             if prof["status"] == "ok":
                 d = diagnose(prof["rows"], prof["wall_ms"], iterations)
                 categories[d.category] += 1
                 rewrite = rewrites.get((s.task.key, s.hash))
                 with_rewrite += rewrite is not None
                 gpu = cfg.backend != "cpu"
-                answer = answer_text(d, s.code, prof["wall_ms"], iterations, gpu, s.verdict, rewrite)
+                kernels = base["ncu_kernels"]
+                answer = answer_text(d, s.code, prof["wall_ms"], iterations, gpu, s.verdict, rewrite, kernels)
                 meta = {**base, "category": d.category, "bottleneck": d.bottleneck["name"],
                         "kernel_share": round(d.kernel_share, 4), "wall_ms": prof["wall_ms"],
-                        "iterations": iterations, "profiler": "torch.profiler", "nsight_compute": ncu,
+                        "iterations": iterations, "profiler": "torch.profiler",
                         "rewrite": {k: v for k, v in rewrite.items() if k != "fast_code"} if rewrite else None}
-                recs.write(json.dumps({"messages": profiling_messages(s, cfg.backend, prof, iterations)
+                recs.write(json.dumps({"messages": profiling_messages(s, cfg.backend, prof, iterations, kernels)
                                        + [{"role": "assistant", "content": answer}],
                                        "kind": "profiling", "task": s.task.key,
                                        "metadata": with_families(meta, s.task)}) + "\n")
                 recs.flush()
                 base.update(category=d.category, bottleneck=d.bottleneck["name"])
             # the program's line is written last: it is the resume point
-            profs.write(json.dumps({**base, **prof, "iterations": iterations, "nsight_compute": ncu}) + "\n")
+            profs.write(json.dumps({**base, **prof, "iterations": iterations}) + "\n")
             profs.flush()
             if progress:
                 progress("profiling", i, len(todo))
     return {"programs": len(solutions), "tried": len(todo), "skipped_existing": len(solutions) - len(todo),
             "records": statuses["ok"], "with_rewrite": with_rewrite, "statuses": dict(statuses.most_common()),
-            "categories": dict(categories.most_common()), "nsight_compute": ncu}
+            "categories": dict(categories.most_common()), "nsight_compute": ncu_status,
+            "nsight_statuses": dict(ncu_statuses.most_common())}
 
 
 # ---- the profiling process ----------------------------------------------------------------------------------------
@@ -420,6 +599,20 @@ class _Child:
         self.model(*self.inputs)
         self.backend.synchronize()
         return (time.perf_counter() - t0) * 1e3
+
+    def op_nsight(self, job: ProfileCommand) -> ProfileReply:
+        """The forward ncu measures (it profiles only between cudaProfilerStart and cudaProfilerStop)."""
+        from musacoder.verifier.protocol import ProfileReply
+
+        with self.torch.no_grad():
+            for _ in range(job.warmup):
+                self._forward()
+            self.torch.cuda.profiler.start()
+            try:
+                self._forward()
+            finally:
+                self.torch.cuda.profiler.stop()
+        return ProfileReply()
 
     def op_profile(self, job: ProfileCommand) -> ProfileReply:
         import statistics

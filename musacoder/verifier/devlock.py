@@ -39,11 +39,11 @@ class DeviceLock:
             yield
 
     @contextmanager
-    def exclusive(self):
+    def exclusive(self, stage: str = "timing_wait"):
         t0 = time.perf_counter()
         with self._hold(exclusive=True):
             if self.path:
-                self.stages["timing_wait"] = round(time.perf_counter() - t0, 4)
+                self.stages[stage] = round(time.perf_counter() - t0, 4)
             yield
 
     @contextmanager

@@ -138,12 +138,12 @@ def request_build(conn, arguments: dict) -> BuildReply:
 
 # ---- synth.profiling <-> its profiling process ---------------------------------------------------------------
 class ProfileCommand(Msg):
-    op: Literal["load", "profile"]
+    op: Literal["load", "profile", "nsight"]  # nsight: `warmup` forwards, then one between profiler start and stop
     # load
     task_code: str = ""
     code: str = ""  # the program (its ModelNew)
     precision: str = "fp32"
-    # profile
+    # profile, nsight
     iterations: int = 0
     warmup: int = 0
 
