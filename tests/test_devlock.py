@@ -82,3 +82,37 @@ def test_the_pool_gives_a_lock_only_to_judges_that_share_a_device(tmp_path):
     cfg.timing.exclusive = False
     with LocalPool(cfg) as pool:
         assert pool._locks[0] and pool._locks[0] == pool._locks[1]
+
+
+def test_a_candidate_waits_for_the_lock_stopped(tmp_path):
+    """A judge's idle candidate whose thread keeps computing is stopped while its judge waits for the device (its
+    work would land in the lock holder's window) and runs again once the lock is had."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from musacoder.verifier.devlock import stopped_while_waiting
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        proc, path = psutil.Process(spin.pid), str(tmp_path / "dev0")
+        holder, held = DeviceLock(path, {}), threading.Event()
+        t = threading.Thread(target=_hold, args=(holder, "exclusive", 0.8, [], "timer", held))
+        t.start()
+        held.wait()
+        time.sleep(0.2)  # the spinner is up to speed
+        before = sum(proc.cpu_times()[:2])
+        with stopped_while_waiting(spin.pid, DeviceLock(path, {}).exclusive()):
+            waited = sum(proc.cpu_times()[:2]) - before  # ~0.6 s of the holder's window went by
+            time.sleep(0.3)
+            ran = sum(proc.cpu_times()[:2]) - before - waited
+        t.join()
+        assert waited < 0.15 and ran > 0.1, (waited, ran)
+        # a process that is gone costs nothing
+        spin.kill()
+        spin.wait()
+        with stopped_while_waiting(spin.pid, DeviceLock(path, {}).shared()):
+            pass
+    finally:
+        spin.kill()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +69,27 @@ class DeviceLock:
         finally:
             for fd in fds:
                 os.close(fd)  # closing releases the flock
+
+
+@contextmanager
+def stopped_while_waiting(pid: int | None, hold):
+    """Enter `hold` (a DeviceLock's shared or exclusive) with process `pid` (the judge's candidate, idle between its
+    calls) stopped until the lock is had: a candidate whose threads keep launching kernels would otherwise put them
+    into the window of the judge holding the lock, slowing its arms or answering its question of leftover work."""
+    def signal_it(sig):
+        try:
+            if pid:
+                os.kill(pid, sig)
+        except ProcessLookupError:  # it died: its next call says so
+            pass
+
+    signal_it(signal.SIGSTOP)
+    try:
+        with hold:
+            signal_it(signal.SIGCONT)
+            yield
+    finally:
+        signal_it(signal.SIGCONT)
 
 
 def _take(fd: int, how: int, deadline: float) -> bool:

@@ -28,7 +28,7 @@ from musacoder.verifier import buffers, legality, quiet
 from musacoder.verifier.buffers import DTYPE_NAMES
 from musacoder.verifier.build import Builder
 from musacoder.verifier.correctness import Comparison, all_finite, compare, inputs_unchanged, spot_compare
-from musacoder.verifier.devlock import DeviceLock
+from musacoder.verifier.devlock import DeviceLock, stopped_while_waiting
 from musacoder.verifier.inputs import (
     DTYPES,
     Shape,
@@ -267,10 +267,11 @@ class _Run:
             timed = self.checks(job)
         if timed:
             alone = self.cfg.timing.exclusive or not job.device_lock
-            with lock.exclusive() if alone else lock.shared(), _stage(f, "timing"):
+            pid = self.cand.pid if job.device_lock else None  # stopped while this judge waits for the device
+            with stopped_while_waiting(pid, lock.exclusive() if alone else lock.shared()), _stage(f, "timing"):
                 self.time_ab(alone)
             if self.suspect:
-                with lock.exclusive("recheck_wait"), _stage(f, "recheck"):
+                with stopped_while_waiting(pid, lock.exclusive("recheck_wait")), _stage(f, "recheck"):
                     self.recheck()
             f.illegal_ops = legality.OpTrace.illegal_names(f.ops, self.j.backend.torch_namespaces)
             self.count_processes()
