@@ -477,7 +477,9 @@ def profiling_records(solutions: list[Solution], out_dir: Path, cfg: VerifyConfi
             prof = profile_program(s.task, s.code, cfg, iterations, timeout_s=timeout_s)
             statuses[prof["status"]] += 1
             base = {"task": s.task.key, "solution": s.hash, "teacher": s.teacher, "origin": s.origin,
-                    "backend": cfg.backend, "nsight_compute": ncu_status, "ncu_kernels": []}
+                    "backend": cfg.backend, "ncu_kernels": [],
+                    "nsight_compute": ncu_status if prof["status"] == "ok" or not ncu else
+                    "not run: the program has no torch.profiler profile"}
             if prof["status"] == "ok" and ncu:
                 measured = nsight_program(s.task, s.code, cfg, ncu, timeout_s=timeout_s)
                 ncu_statuses[measured["status"]] += 1
