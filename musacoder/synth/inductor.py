@@ -558,17 +558,30 @@ class _Substitute(ast.NodeTransformer):
         return ast.Name(self.names.get(n.id, n.id), n.ctx)
 
 
-def _drop_dead(body: list, pure=None) -> list:
+def _drop_dead(body: list, pure=None, also_read: frozenset = frozenset(), imports: bool = False) -> list:
     """Without assignments of a name nothing reads whose value has no effect, in nested blocks too (Inductor binds every
-    size symbol, `s94 = s27`, used or not; its kernels bind `rnumel`, `roffset`, ... whether they read them or not)."""
+    size symbol, `s94 = s27`, used or not; its kernels bind `rnumel`, `roffset`, ... whether they read them or not).
+    `also_read`: names read by code outside `body`; `imports`: also drop the names of imports nothing reads."""
     pure = pure or _pure
     while True:
-        read = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        read = also_read | {n.id for s in body for n in ast.walk(s)
+                            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         dead = {id(s) for s in _statements(body) if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value is not None
                 and all(isinstance(t, ast.Name) and t.id not in read for t in _targets(s)) and pure(s.value)}
-        if not dead:
+        trimmed = [_imported(s, read) if imports else s for s in body]
+        if not dead and all(t is s for t, s in zip(trimmed, body, strict=True)):
             return body
-        body = _without(body, dead)
+        body = _without([t for t in trimmed if t is not None], dead)
+
+
+def _imported(s: ast.stmt, read: set[str]) -> ast.stmt | None:
+    """An import statement cut to the names `read` holds (None: none), any other statement as it is."""
+    if not isinstance(s, (ast.Import, ast.ImportFrom)) or isinstance(s, ast.ImportFrom) and s.module == "__future__":
+        return s
+    names = [a for a in s.names if a.name == "*" or (a.asname or a.name.split(".")[0]) in read]
+    if len(names) == len(s.names):
+        return s
+    return type(s)(**{**s.__dict__, "names": names}) if names else None
 
 
 def _targets(s: ast.Assign | ast.AnnAssign) -> list[ast.expr]:
@@ -578,8 +591,8 @@ def _targets(s: ast.Assign | ast.AnnAssign) -> list[ast.expr]:
 def _statements(body: list):
     for s in body:
         yield s
-        for block in ("body", "orelse"):
-            if isinstance(s, (ast.For, ast.While, ast.If, ast.With)):
+        if isinstance(s, (ast.For, ast.While, ast.If, ast.With)):
+            for block in ("body", "orelse"):
                 yield from _statements(getattr(s, block, []))
 
 
@@ -619,23 +632,9 @@ def _tidy_kernel(fn: ast.FunctionDef) -> ast.FunctionDef:
 def _needed(stmts: list[ast.stmt], rest: str) -> list[ast.stmt]:
     """Module-level imports and constants the candidate reads: the task's size constants (read by its input makers,
     which the candidate does not copy) and imports nothing uses are left out."""
-    rest_reads = {n.id for n in ast.walk(parse(rest)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    while True:
-        read = rest_reads | {n.id for s in stmts for n in ast.walk(s)
-                             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        kept = []
-        for s in stmts:
-            if isinstance(s, (ast.Import, ast.ImportFrom)) and not (isinstance(s, ast.ImportFrom) and
-                                                                   s.module == "__future__"):
-                names = [a for a in s.names if a.name == "*" or (a.asname or a.name.split(".")[0]) in read]
-                if names:
-                    kept.append(type(s)(**{**s.__dict__, "names": names}))
-            elif not (isinstance(s, ast.Assign) and _pure(s.value)
-                      and all(isinstance(t, ast.Name) and t.id not in read for t in s.targets)):
-                kept.append(s)
-        if [ast.dump(s) for s in kept] == [ast.dump(s) for s in stmts]:
-            return kept
-        stmts = kept
+    rest_reads = frozenset(n.id for n in ast.walk(parse(rest))
+                           if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+    return _drop_dead(stmts, also_read=rest_reads, imports=True)
 
 
 # ---- rendering --------------------------------------------------------------------------------------------------
