@@ -3,6 +3,9 @@ children at once, each creating its CUDA context and running one kernel; per N: 
 contexts per second. Each verification starts one candidate process, so this bounds a GPU's verifications/s.
 
     python scripts/context_rate.py 0        # GPU 0;  "0,1,2,3": children spread over four GPUs
+    python scripts/context_rate.py 0,1,2,3 --one-visible   # each child sees only its GPU, as a judge's candidates do
+
+Without --one-visible every child sees all the host's GPUs (the figures of 2026-11-27 in docs/benchmarks.md).
 """
 
 import json
@@ -15,7 +18,9 @@ import torch
 
 
 def main():
-    devices = [int(x) for x in sys.argv[1].split(",")] if len(sys.argv) > 1 else [0]
+    args = [a for a in sys.argv[1:] if a != "--one-visible"]
+    one_visible = "--one-visible" in sys.argv
+    devices = [int(x) for x in args[0].split(",")] if args else [0]
     out = {}
     for n in (1, 2, 4, 8, 16, 32):
         r, w = os.pipe()
@@ -26,7 +31,9 @@ def main():
             if pid == 0:  # the child: its own context, one kernel, its time on the pipe
                 os.close(r)
                 t = time.perf_counter()
-                torch.cuda.set_device(devices[i % len(devices)])
+                if one_visible:  # read at the first CUDA call: the parent has not made one
+                    os.environ["CUDA_VISIBLE_DEVICES"] = str(devices[i % len(devices)])
+                torch.cuda.set_device(0 if one_visible else devices[i % len(devices)])
                 torch.zeros(1, device="cuda").add_(1)
                 torch.cuda.synchronize()
                 os.write(w, f"{time.perf_counter() - t:.4f}\n".encode())

@@ -157,6 +157,19 @@ def drift(base: list, other: list) -> dict:
             "p90_factor": round(math.exp(d[int(0.9 * (len(d) - 1))]), 3), "max_factor": round(math.exp(d[-1]), 3)}
 
 
+def judged(r: dict, base: dict, names: list, accepted: list):
+    """Add to a layout's result what it says of the verdicts: those that differ from the first layout's, those the
+    candidate may not get, and how far its speedups moved against the first layout's."""
+    r["speedup_vs_first"] = round(r["per_hour"] / base["per_hour"], 2)
+    r["differ"] = [f"{names[i % len(names)]}: {a} vs {b} ({why})"
+                   for i, (a, b, why) in enumerate(zip(base["_status"], r["_status"], r["_reason"], strict=True))
+                   if a != b]
+    r["speedup_drift_vs_first"] = drift(base["_speedup"], r["_speedup"])
+    r["unexpected"] = sorted({f"{names[i % len(names)]}: {s} (expected {accepted[i % len(names)]}): {why}"
+                              for i, (s, why) in enumerate(zip(r["_status"], r["_reason"], strict=True))
+                              if s not in accepted[i % len(names)]})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layouts", default="1x1,2x1",
@@ -191,28 +204,17 @@ def main():
             # 0.1 s a verification loading tasks that later layouts found loaded)
             run(pool, jobs[:max(len(pool._on), len(names))], spec)
             r = run(pool, jobs, spec)
+        base = (results["runs"] or [r])[0]
+        judged(r, base, names, accepted)
         results["runs"].append(r)
         print(spec, json.dumps({k: v for k, v in r.items() if not k.startswith("_")}), flush=True)
-        with open(args.out, "w") as f:  # so far, should a later layout not finish
+        with open(args.out, "w") as f:  # so far, verdicts checked, should a later layout not finish
             json.dump(results, f, indent=1)
-    base = results["runs"][0]
-    for r in results["runs"]:
-        r["speedup_vs_first"] = round(r["per_hour"] / base["per_hour"], 2)
-        r["differ"] = [f"{names[i % len(names)]}: {a} vs {b} ({why})"
-                       for i, (a, b, why) in enumerate(zip(base["_status"], r["_status"], r["_reason"], strict=True))
-                       if a != b]
-        r["speedup_drift_vs_first"] = drift(base["_speedup"], r["_speedup"])
-        r["unexpected"] = sorted({f"{names[i % len(names)]}: {s} (expected {accepted[i % len(names)]}): {why}"
-                                  for i, (s, why) in enumerate(zip(r["_status"], r["_reason"], strict=True))
-                                  if s not in accepted[i % len(names)]})
     results["speedups"] = {r["layout"]: r.pop("_speedup") for r in results["runs"]}
     for r in results["runs"]:
         r.pop("_status"), r.pop("_reason")
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
-    print(json.dumps({r["layout"]: {"differ": r["differ"], "unexpected": r["unexpected"],
-                                    "drift": r["speedup_drift_vs_first"]}
-                      for r in results["runs"]}), flush=True)
     if args.plot:
         plot(results, args.plot)
 

@@ -77,7 +77,8 @@ def test_the_pool_gives_a_lock_only_to_judges_that_share_a_device(tmp_path):
     assert not lock_dir.exists()  # removed with the pool
     with LocalPool(VerifyConfig(backend="cpu", cache_dir=tmp_path)) as pool:
         assert pool._locks == [""] and pool._lock_dir is None
-    # timing side by side: still a lock, for the checks and the question of leftover device work (judge.recheck)
+    # timing side by side: still a lock, for the checks and for timing again alone a candidate the device stayed
+    # busy after
     cfg = VerifyConfig(backend="cpu", cache_dir=tmp_path, devices=(0, 0))
     cfg.timing.exclusive = False
     with LocalPool(cfg) as pool:

@@ -240,7 +240,7 @@ class _Run:
         self.keep: list = []  # (tensor, reference) the judge shared with subjects: alive until the job ends
         self.pool = buffers.new_pool(judge.device)  # where the buffers a candidate can map live (cuda)
         self.gate: QuietGate | None = None  # while timed on a device: the candidate is stopped between its calls
-        self.suspect: tuple[QuietGate, dict] | None = None  # timed beside other judges and the device stayed busy
+        self.suspect = False  # timed beside other judges, the device stayed busy after its turns: timed again alone
 
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
@@ -261,7 +261,8 @@ class _Run:
 
     def go(self, job: EvaluateJob):
         """Checks beside the other judges of this device, then timing alone (verifier/devlock.py), or beside them
-        (timing.exclusive off) with the question of whose work kept the device busy asked alone."""
+        (timing.exclusive off); a candidate the device stayed busy after beside them is timed again alone, where the
+        waits are its own and the exclusive rules decide."""
         f, lock = self.f, DeviceLock(job.device_lock, self.f.stage_seconds)
         with lock.shared():
             timed = self.checks(job)
@@ -271,8 +272,8 @@ class _Run:
             with stopped_while_waiting(pid, lock.exclusive() if alone else lock.shared()), _stage(f, "timing"):
                 self.time_ab(alone)
             if self.suspect:
-                with stopped_while_waiting(pid, lock.exclusive("recheck_wait")), _stage(f, "recheck"):
-                    self.recheck()
+                with stopped_while_waiting(pid, lock.exclusive("retime_wait")), _stage(f, "retime"):
+                    self.time_ab(alone=True)
             f.illegal_ops = legality.OpTrace.illegal_names(f.ops, self.j.backend.torch_namespaces)
             self.count_processes()
 
@@ -654,11 +655,12 @@ class _Run:
             waits = self.gate.waits
             quiet_after_kill = None
             if waits["cand"] and statistics.median(waits["cand"]) > LEFT_RUNNING_MS:  # busy after its turns: whose?
-                if alone:
-                    self.close_candidate()
-                    quiet_after_kill = self.gate.quiet_now()
-                else:  # the other judges' kernels can be the load and can stop at any probe: `recheck`, alone
-                    self.suspect = (self.gate, waits)
+                if not alone:  # its work or the neighbours'? Asked after the window, its leftovers would have drained:
+                    # timed again alone instead (`go`)
+                    self.suspect, self.gate = True, None
+                    return
+                self.close_candidate()
+                quiet_after_kill = self.gate.quiet_now()
             f.busy_after_return = left_running(waits["cand"], waits["ref"], quiet_after_kill)
             self.gate = None
             if f.busy_after_return:
@@ -701,17 +703,6 @@ class _Run:
             except (WorkerDied, WorkerTimeout):
                 ref.close()
                 self.j.ref = None
-
-    def recheck(self):
-        """After timing beside other judges, with the device now to this judge: busy while the candidate's process
-        lives and quiet once it is gone is the candidate's work. Another judge's candidate that left work running
-        keeps the device busy after the kill too, so it never convicts this one. (Without the lock the waits after
-        the candidate's turns were the neighbours' load: 17 of 32 honest programs refused on an H200, 2026-11-27.)"""
-        gate, waits = self.suspect
-        busy = not gate.quiet_now()
-        self.close_candidate()
-        if busy and gate.quiet_now():
-            self.f.busy_after_return = left_running(waits["cand"], waits["ref"], True)
 
     def close_candidate(self):
         """Its process gone (at the end of a job, or of a timing window the device was busy after: whose work was it).
