@@ -51,7 +51,8 @@ class TimingConfig(Settings):
     baselines: tuple[str, ...] = ("eager", "compile")
     sol_margin: float = 0.5  # flag a candidate faster than this fraction of the speed-of-light time
     # judges sharing a device (devices=[0, 0]) time one at a time, the others' device work paused meanwhile;
-    # off: more throughput, and speedups disturbed by the other judges' kernels
+    # off: side by side, speedups disturbed by the other judges' kernels, and a candidate the device stays busy after
+    # timed again alone (the throughput gained is the share of candidates it stays quiet after)
     exclusive: bool = True
 
 
