@@ -240,7 +240,6 @@ class _Run:
         self.keep: list = []  # (tensor, reference) the judge shared with subjects: alive until the job ends
         self.pool = buffers.new_pool(judge.device)  # where the buffers a candidate can map live (cuda)
         self.gate: QuietGate | None = None  # while timed on a device: the candidate is stopped between its calls
-        self.suspect = False  # timed beside other judges, the device stayed busy after its turns: timed again alone
 
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
@@ -270,8 +269,8 @@ class _Run:
             alone = self.cfg.timing.exclusive or not job.device_lock
             pid = self.cand.pid if job.device_lock else None  # stopped while this judge waits for the device
             with stopped_while_waiting(pid, lock.exclusive() if alone else lock.shared()), _stage(f, "timing"):
-                self.time_ab(alone)
-            if self.suspect:
+                again = self.time_ab(alone)
+            if again:
                 with stopped_while_waiting(pid, lock.exclusive("retime_wait")), _stage(f, "retime"):
                     self.time_ab(alone=True)
             f.illegal_ops = legality.OpTrace.illegal_names(f.ops, self.j.backend.torch_namespaces)
@@ -581,7 +580,8 @@ class _Run:
     # ---- timing ----------------------------------------------------------------------------------------------------
     def time_ab(self, alone: bool = True):
         """Candidate and reference alternate on fresh inputs each iteration, timed by the judge's clock; `alone`:
-        no other judge's kernels can run on the device meanwhile."""
+        no other judge's kernels can run on the device meanwhile. True: the device stayed busy after its turns beside
+        them, to be timed again alone."""
         f, cfg, tc, b = self.f, self.cfg, self.cfg.timing, self.base
         backend = self.j.backend
         compiled = "compile" in tc.baselines
@@ -657,8 +657,8 @@ class _Run:
             if waits["cand"] and statistics.median(waits["cand"]) > LEFT_RUNNING_MS:  # busy after its turns: whose?
                 if not alone:  # its work or the neighbours'? Asked after the window, its leftovers would have drained:
                     # timed again alone instead (`go`)
-                    self.suspect, self.gate = True, None
-                    return
+                    self.gate = None
+                    return True
                 self.close_candidate()
                 quiet_after_kill = self.gate.quiet_now()
             f.busy_after_return = left_running(waits["cand"], waits["ref"], quiet_after_kill)
