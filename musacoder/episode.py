@@ -108,6 +108,10 @@ class EpisodeStats:
     responses: int = 0
     stopped_long: int = 0  # episodes ended early because the next prompt did not fit
     verified_early: int = 0  # answers whose verification started while their batch was still generating
+    # answers that went through the compile tier (built, or waited for an identical answer's build), and the longest
+    # such stage: a wait on the verifier near it was the latency of a new source's build, which no judge count cuts
+    compiled: int = 0
+    compile_s_max: float = 0.0
 
 
 class Ahead:
@@ -169,5 +173,8 @@ def run_episodes(episodes: Sequence[Episode], generate: Callable[..., Sequence[G
             e.record(s.text, v, s.n_tokens, s)
             stats.tokens += s.n_tokens
             stats.responses += 1
+            compile_s = v.stage_seconds.get("compile", 0.0)
+            stats.compiled += compile_s > 0
+            stats.compile_s_max = max(stats.compile_s_max, compile_s)
         live = [e for e in live if not e.finished]
     return stats

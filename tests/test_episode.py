@@ -52,6 +52,7 @@ def test_failing_turns_feed_back_and_stop_at_max_turns(cpu_config):
     assert turn2[3]["content"].startswith("=== System Feedback for Round 1 ===\nStatus: format_error")
     assert eng.seen[2][0][5]["content"].startswith("=== System Feedback for Round 2 ===")
     assert trajs[0].rounds[0].sample.text == NO_CODE  # the sample trained on is the first response
+    assert st.compiled == 0 and st.compile_s_max == 0.0  # no code, nothing built
 
 
 def test_single_turn_mode_and_repair_numbering(cpu_config):
@@ -75,14 +76,18 @@ def test_long_conversations_stop(cpu_config):
     assert len(trajs[0].rounds) == 1 and st.stopped_long == 1
 
 
-def test_repaired_on_turn_two_by_the_real_verifier(cpu_config):
+def test_repaired_on_turn_two_by_the_real_verifier(cpu_config, tmp_path):
+    from dataclasses import replace
+
     eng = Scripted({0: NO_CODE, 1: HONEST, 2: NO_CODE})
-    trajs, st = play([Episode(RELU, task_messages(RELU, "cpu", one_shot=False))], eng, LocalVerifier(cpu_config))
+    fresh = replace(cpu_config, cache_dir=str(tmp_path))  # the answer is built here, not found built
+    trajs, st = play([Episode(RELU, task_messages(RELU, "cpu", one_shot=False))], eng, LocalVerifier(fresh))
     t = trajs[0]
     assert [x.status for x in t.rounds] == ["format_error", "ok"] and t.first_success == 2
     assert t.scores == [-1.0, 1.0]  # timing off: a correct kernel scores exactly 1
     assert primeecho_reward(t.scores, t.passed) == pytest.approx(-0.4)
     assert len(eng.seen) == 2 and st.verify_s > 0
+    assert st.compiled == 1 and 0 < st.compile_s_max <= st.verify_s  # the build the step waited for
 
 
 def test_elisions_keep_the_task_the_latest_answer_and_every_feedback():

@@ -243,11 +243,15 @@ def build_trainer(cfg: SFTConfig):
         num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, max_grad_norm=cfg.max_grad_norm,
-        bf16=bf16, fp16=False, gradient_checkpointing=cfg.gradient_checkpointing, logging_steps=cfg.logging_steps,
+        bf16=bf16, fp16=False, logging_steps=cfg.logging_steps,
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit, seed=cfg.seed,
         max_length=cfg.max_length, report_to="none", remove_unused_columns=False,
         dataloader_pin_memory=torch.cuda.is_available(),
         dataset_kwargs={"skip_prepare_dataset": True})
+    # transformers 5.2x renamed it and warns on the old name, which older ones only know
+    fields = trl.SFTConfig.__dataclass_fields__
+    own["activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"] = \
+        cfg.gradient_checkpointing
     check_passthrough(cfg.trainer, trl.SFTConfig, set(own))
     args = one_gpu(trl.SFTConfig(**own, **cfg.trainer), "for data parallel over all of them: accelerate launch "
                    "--config_file configs/accelerate/multi-gpu.yaml")

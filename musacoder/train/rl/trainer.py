@@ -127,6 +127,8 @@ class Rollouts:
             "verifier/seconds": st.verify_s,
             "verifier/calls": st.responses,
             "verifier/started_early": st.verified_early,
+            "verifier/compiled": st.compiled,
+            "verifier/compile_s_max": st.compile_s_max,
         }.items():
             log(name, float(value))
         firsts = [t.rounds[0].sample for t in trajs]  # the first response: the only one the gradient goes through
