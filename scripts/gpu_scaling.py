@@ -8,7 +8,8 @@ Layouts: GPUSxJUDGES per GPU, with suffixes: `-shared-timing` (judges sharing a 
 (candidate processes started from scratch instead of forked from the judge's pre-imported server) and `-sparesN`
 (N candidate processes kept ready per judge, `verify.spares`). Besides
 throughput: the host's busy cores during the run (how many cores keep N GPUs busy) and the mean seconds per
-verification of each judge stage (`subject_wait`: waiting for a candidate process to start).
+verification of each judge stage (`subject_wait`: waiting for a candidate process to start), and the five candidates
+whose device stage took longest (median over repeats: what judges idle at a batch's end wait for).
 
 Candidates are the shipped CUDA examples (honest kernels and exploits, KernelBench level-1/2 tasks at their
 KernelBench sizes), repeated: the pool caches builds, never verdicts, so a repeat is a full verification; or the
@@ -30,7 +31,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 
 import psutil
 
@@ -145,7 +146,7 @@ def run(pool: LocalPool, jobs, spec: str) -> dict:
             "statuses": dict(Counter(v.status.value for v in vs)),
             "infra_errors": sorted({v.reason[:300] for v in vs if v.status.value == "infra_error"}),
             "_status": [v.status.value for v in vs], "_reason": [v.reason[:300] for v in vs],
-            "_speedup": [v.speedup_eager for v in vs]}
+            "_speedup": [v.speedup_eager for v in vs], "_device": [v.stage_seconds.get("device", 0.0) for v in vs]}
 
 
 def drift(base: list, other: list) -> dict:
@@ -165,6 +166,11 @@ def judged(r: dict, base: dict, names: list, accepted: list):
                    for i, (a, b, why) in enumerate(zip(base["_status"], r["_status"], r["_reason"], strict=True))
                    if a != b]
     r["speedup_drift_vs_first"] = drift(base["_speedup"], r["_speedup"])
+    by_name = defaultdict(list)  # the longest verifications: what judges left idle at a batch's end waited for
+    for i, s in enumerate(r["_device"]):
+        by_name[names[i % len(names)]].append(s)
+    r["slowest_device_s"] = dict(sorted(((n, round(statistics.median(s), 2)) for n, s in by_name.items()),
+                                        key=lambda kv: -kv[1])[:5])
     r["unexpected"] = sorted({f"{names[i % len(names)]}: {s} (expected {accepted[i % len(names)]}): {why}"
                               for i, (s, why) in enumerate(zip(r["_status"], r["_reason"], strict=True))
                               if s not in accepted[i % len(names)]})
@@ -212,7 +218,7 @@ def main():
             json.dump(results, f, indent=1)
     results["speedups"] = {r["layout"]: r.pop("_speedup") for r in results["runs"]}
     for r in results["runs"]:
-        r.pop("_status"), r.pop("_reason")
+        r.pop("_status"), r.pop("_reason"), r.pop("_device")
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     if args.plot:
