@@ -16,24 +16,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from musacoder import __version__
-from musacoder.cli_base import App, Backend, LogLevel, Precision, Profile, err, fail
+from musacoder.bench.cli import bench_app
+from musacoder.cli_base import App, Backend, LogLevel, Precision, Profile, device_problem, err, fail, writable_dir
 from musacoder.musa.cli import port_app
 from musacoder.synth.cli import synth_app
 from musacoder.tasks.select import IdsOpt, LevelsOpt, NamesOpt, TasksOpt
 
 app = App(add_completion=False, no_args_is_help=True, help="MusaCoder: LLMs that write native kernels.")
 console = Console()
-try:  # the benchmark harness needs the `bench` extra (httpx, matplotlib, transformers)
-    from musacoder.bench.cli import bench_app
-
-    app.add_typer(bench_app, name="bench", help="Evaluate a model on KernelBench-format tasks.")
-except ImportError as _e:  # pragma: no cover - depends on what is installed
-    _bench_missing = str(_e)
-
-    @app.command("bench")
-    def bench_unavailable():
-        """Evaluate a model (needs: pip install 'musacoder[bench]')."""
-        fail(f"musacoder bench needs the bench extra: {_bench_missing}")
+# its generation clients need the bench extra (openai, transformers), imported when a run starts
+app.add_typer(bench_app, name="bench", help="Evaluate a model on KernelBench-format tasks.")
 cache_app = App(add_completion=False, no_args_is_help=True, help="Inspect or clear the build/baseline/verdict cache.")
 app.add_typer(cache_app, name="cache")
 app.add_typer(port_app, name="port")
@@ -72,10 +64,13 @@ def _config(backend: str, profile: str, no_timing: bool, seeds: int, precision: 
 
 
 def _resolve_backend(backend: str) -> tuple[str, str]:
-    """(backend, why) with `auto` resolved once, here, so every later step and the output agree on it."""
+    """(backend, why) with `auto` resolved once, here, so every later step and the output agree on it; `error:` for
+    a backend this machine has no device for, before anything is verified."""
     from musacoder.backends import resolve
 
     if backend != "auto":
+        if problem := device_problem(backend):
+            fail(problem)
         return backend, ""
     chosen = resolve(backend)
     return chosen, "auto: a GPU is present" if chosen != "cpu" else "auto: no GPU found"
@@ -173,6 +168,7 @@ def verify(candidate: Path = typer.Option(..., help="Candidate .py file or raw m
     problem = memory_problem(t, resolved, cfg.worker_mem_gb if resolved == "cpu" else 0.0)
     if problem:
         fail(problem)
+    writable_dir(cfg.cache_dir, "cache (MUSACODER_CACHE)")
     from musacoder.verifier.api import verify as run_verify
 
     v = _run_with_spinner(f"verifying {t.key} on {resolved}", lambda: run_verify(t, raw, cfg))
@@ -227,6 +223,9 @@ def demo(backend: Backend = BackendOpt,
     if not examples:
         fail(f"no examples for backend {backend}" + (f" matching {only!r}" if only else ""))
     cfg = _config(backend, "strict", False, 5)
+    writable_dir(cfg.cache_dir, "cache (MUSACODER_CACHE)")
+    if out:
+        writable_dir(out.parent, "--out")
     console.print(f"Verifying {len(examples)} shipped candidates on the [bold]{backend}[/bold] backend"
                   + (f" ({why})" if why else "") + " (first run builds their extensions; later runs hit the build "
                   "cache)")
@@ -244,6 +243,37 @@ def demo(backend: Backend = BackendOpt,
         with open(out, "w") as f:
             for i, e in enumerate(examples):
                 f.write(json.dumps({"example": e.file, **verdicts[i].to_dict()}) + "\n")
+
+
+@app.command()
+def calibrate(backend: Backend = BackendOpt,
+              quick: bool = typer.Option(False, "--quick", help="the cpu part CI runs: the smallest rows only"),
+              kernelbench: bool = typer.Option(False, "--kernelbench",
+                                               help="add KernelBench's in-process method as a column"),
+              cache: Path | None = typer.Option(None, help="build cache (default: a new temporary one)"),
+              out: Path | None = typer.Option(None, help="also write the rows as JSON here")):
+    """Check the verifier's speedups against the same kernels timed in one process (do_bench on a GPU,
+    torch.utils.benchmark on the cpu); exit 1 when a row disagrees beyond its tolerance."""
+    from tabulate import tabulate
+
+    from musacoder.bench.calibrate import run, table
+
+    resolved, why = _resolve_backend(backend)
+    if resolved not in ("cpu", "cuda"):
+        fail(f"calibration ships kernels for cpu and cuda, not {resolved}: use --backend cpu or cuda")
+    if cache:
+        writable_dir(cache, "--cache")
+    if out:
+        writable_dir(out.parent, "--out")
+    console.print(f"Calibrating the [bold]{resolved}[/bold] backend" + (f" ({why})" if why else ""))
+    rows = run(resolved, quick, str(cache) if cache else None, str(out) if out else None, kernelbench,
+               log=lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
+    head, *body = table(rows)
+    print(tabulate(body, headers=head, tablefmt="github"))
+    failed = sum(r["verdict"] == "FAIL" for r in rows)
+    if failed:
+        fail(f"{failed} of {len(rows)} rows disagree with the in-process measurement beyond their tolerance", code=1)
+    console.print(f"{len(rows)} rows: the verifier agrees with the in-process measurement")
 
 
 def _as_expected(e, v) -> bool:
@@ -332,7 +362,7 @@ def sft(config: Path = typer.Option(..., help="SFT settings (YAML), e.g. configs
     except torch.OutOfMemoryError as e:
         _out_of_memory(e, "lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the global "
                           "batch) or max_length", cfg.output_dir)
-    except (DataError, ValueError, OSError) as e:
+    except (DataError, ValueError) as e:
         fail(e)
     console.print(f"model: {final}  (loss curve, data report and skipped records in {cfg.output_dir})")
 
@@ -357,7 +387,7 @@ def rft(config: Path = typer.Option(..., help="RFT settings (YAML), e.g. configs
         cfg = RFTConfig.from_yaml(config, set_, **_given(output_dir=output_dir, tasks=tasks and str(tasks),
                                                         levels=levels, ids=ids, names=names))
         run_rft(cfg, console=console)  # its client checks a local model exists before loading anything
-    except (RunMismatch, TaskLoadError, ValueError, OSError) as e:
+    except (RunMismatch, TaskLoadError, ValueError) as e:
         fail(e)
     console.print(escape((Path(cfg.output_dir) / "rft_report.md").read_text()), soft_wrap=True)
 
@@ -368,20 +398,24 @@ def rl(config: Path = typer.Option(..., help="RL settings (YAML), e.g. configs/r
        set_: list[str] = SET_OPTION, tasks: TasksOpt = None, levels: LevelsOpt = None, ids: IdsOpt = None,
        names: NamesOpt = None):
     """Execution-feedback RL (PrimeEcho, BDR, MirrorPop) on TRL's GRPOTrainer. Resumes from the newest checkpoint."""
+    from musacoder.train.rl.config import RLConfig
+
+    try:  # the settings first: a mistake in them shows before torch and TRL are even imported
+        cfg = RLConfig.from_yaml(config, set_, **_given(output_dir=output_dir, tasks=tasks and str(tasks),
+                                                        levels=levels, ids=ids, names=names))
+    except ValueError as e:
+        fail(e)
     import torch
 
     from musacoder.tasks import TaskLoadError
     from musacoder.train.data import DataError
-    from musacoder.train.rl.config import RLConfig
     from musacoder.train.rl.trainer import METRICS, train_rl
 
     try:
-        cfg = RLConfig.from_yaml(config, set_, **_given(output_dir=output_dir, tasks=tasks and str(tasks),
-                                                        levels=levels, ids=ids, names=names))
         final = train_rl(cfg)
     except torch.OutOfMemoryError as e:
         _out_of_memory(e, "lower micro_batch, group_size or max_new_tokens", cfg.output_dir)
-    except (DataError, TaskLoadError, ValueError, OSError) as e:
+    except (DataError, TaskLoadError, ValueError) as e:
         fail(e)
     console.print(f"model: {final}  (per-step metrics in {Path(cfg.output_dir) / METRICS}, curve in reward.png)")
 
@@ -405,12 +439,15 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind (0.0.0.0: 
                                          help="a verifier setting the options above do not cover, YAML value; "
                                               "repeatable (devices=[0,0,1,1]: two judges on each of two GPUs)")):
     """Serve verifications over HTTP (needs the serve extra). The verifier settings are fixed at start."""
+    if problem := device_problem(backend):
+        fail(problem)
     cfg = _config(backend, profile, no_timing, seeds, sets=set_)
     from musacoder.service.app import serve as run_service
     from musacoder.service.settings import ServiceSettings
 
     if cache_dir:
         cfg.cache_dir = cache_dir
+    writable_dir(cfg.cache_dir, "cache")
     settings = ServiceSettings(token=token or None, max_queue=max_queue, max_body_mb=max_body_mb)
     run_service(cfg, settings, host=host, port=port, ray_address=ray_address, compile_workers=compile_workers,
                 log_level=log_level)

@@ -12,14 +12,16 @@ inputs and shape, as KernelBench does (and so passes kernels that are wrong on o
 the verifier's own number of correctness seeds (5) run even when fewer trials are asked; timing repeats until its
 relative standard error is small (`num_perf_trials` is not used); `build_dir` and `device` are not
 used (builds go to the verifier's content-hash cache, jobs to the pool's devices). Exploits that only misbehave
-while being timed (output caches, phase detection) are caught only with `measure_performance=True`."""
+while being timed (output caches, phase detection) are caught only with `measure_performance=True`. A CUDA backend
+on a machine without a CUDA device verifies nothing: the result says so in one line (`metadata["reason"]`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from musacoder.cli_base import device_problem
 from musacoder.config import VerifyConfig
-from musacoder.verifier.api import verify
+from musacoder.verifier.api import unusable, verify
 from musacoder.verifier.verdict import Status, Verdict
 
 _BACKENDS = {"cuda": "cuda", "triton": "triton", "cpu": "cpu", "auto": "auto"}
@@ -100,6 +102,8 @@ def eval_kernel_against_ref(original_model_src: str, custom_model_src: str, seed
     """KernelBench's `eval_kernel_against_ref` on MooreEval (see the module docstring for the differences).
     Extra KernelBench keywords (`timing_method`, `check_for_excessive_speedup`...) are accepted and ignored."""
     cfg = kernelbench_config(backend, precision, measure_performance, num_correct_trials, profile)
+    if problem := device_problem(cfg.backend, 'backend="cpu"'):
+        return to_exec_result(unusable(problem, cfg, status=Status.INFRA_ERROR))
     v = verify({"code": original_model_src, "name": kw.get("name") or ""}, custom_model_src, cfg)
     if verbose:
         print(v.feedback)

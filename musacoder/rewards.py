@@ -3,21 +3,26 @@
 TRL::
 
     GRPOTrainer(model=..., reward_funcs=[musacoder.rewards.trl_reward], train_dataset=ds)  # ds has "prompt", "task"
+    # or configured in code, whatever the environment says:
+    reward = make_reward(VerifyConfig(backend="cpu", timing_enabled=False))     # or make_reward(url="http://...")
 
 verl (`reward.custom_reward_function`)::
 
     path: pkg://musacoder.rewards
     name: compute_score            # or compute_score_async
+    reward_kwargs: {verify: {backend: cuda, timing_enabled: false}}   # optional: settings in the config instead
 
-The reward is the verifier's (the paper's eq. 2, in [-1, 1 + lambda * log2 nu_max]). Where verification runs and
-with which settings comes from the environment, so the same reward function serves every run:
+The reward is the verifier's (the paper's eq. 2, in [-1, 1 + lambda * log2 nu_max]). `trl_reward` and
+`compute_score` take where verification runs and with which settings from the environment, read when they are
+called (so one function serves every run), and refuse a value they do not know:
 
 - `MUSACODER_VERIFIER_URL`: the reward service (`musacoder serve`); its settings apply. Unset: a verifier pool in
   this process, with the settings below.
 - `MUSACODER_TOKEN`: the service's bearer token.
-- `MUSACODER_BACKEND`: auto | cpu | cuda | triton (default auto).
+- `MUSACODER_BACKEND`: auto | cpu | cuda | triton | musa | musa-on-cuda (default auto).
 - `MUSACODER_PROFILE`: strict | kernelbench (default strict).
-- `MUSACODER_TIMING`: 1 | 0 (default 1; 0 skips timing: correctness and legality only, reward at most 1).
+- `MUSACODER_TIMING`: 1 | 0 (also true/false, yes/no, on/off; default 1; 0 skips timing: correctness and legality
+  only, reward at most 1).
 - `MUSACODER_PRECISION`: fp32 | fp16 | bf16 (default fp32).
 - `MUSACODER_CACHE`: the build cache directory.
 """
@@ -26,19 +31,77 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from musacoder.config import VerifyConfig
 from musacoder.verifier.api import as_candidate_text, as_task, unusable, verify_many
 from musacoder.verifier.verdict import Verdict
 
+_ENV = {"MUSACODER_BACKEND": "backend", "MUSACODER_PROFILE": "profile", "MUSACODER_PRECISION": "precision"}
+
 
 def env_config() -> VerifyConfig:
-    """The local verifier's settings from the MUSACODER_* environment variables."""
-    return VerifyConfig(backend=os.environ.get("MUSACODER_BACKEND", "auto"),
-                        profile=os.environ.get("MUSACODER_PROFILE", "strict"),
-                        precision=os.environ.get("MUSACODER_PRECISION", "fp32"),
-                        timing_enabled=os.environ.get("MUSACODER_TIMING", "1").lower() not in ("0", "false", "no"))
+    """The local verifier's settings from the MUSACODER_* environment variables; ValueError naming the variable for
+    a value it does not know (`MUSACODER_TIMING=maybe` is not "on")."""
+    from musacoder.backends import NAMES
+
+    settings: dict[str, Any] = {key: os.environ[var] for var, key in _ENV.items() if var in os.environ}
+    if settings.get("backend", "auto") not in ("auto", *NAMES):
+        raise ValueError(f"MUSACODER_BACKEND={settings['backend']!r}: expected auto, {', '.join(NAMES)}")
+    if "MUSACODER_TIMING" in os.environ:
+        try:  # pydantic's reading of a flag: 1/0, true/false, yes/no, on/off
+            settings["timing_enabled"] = TypeAdapter(bool).validate_python(os.environ["MUSACODER_TIMING"])
+        except ValidationError:
+            raise ValueError(f"MUSACODER_TIMING={os.environ['MUSACODER_TIMING']!r}: expected 1 or 0 (true/false, "
+                             "yes/no, on/off)") from None
+    try:
+        return VerifyConfig.from_dict(settings)
+    except ValueError as e:
+        var = next((v for v, k in _ENV.items() if k in str(e)), "MUSACODER_*")
+        raise ValueError(f"{var}: {e}") from None
+
+
+@dataclass(frozen=True)
+class RewardVerifier:
+    """Where rewards are verified: the service at `url` (its settings apply), else a pool in this process with
+    `config`."""
+
+    config: VerifyConfig = field(default_factory=VerifyConfig)
+    url: str | None = None
+    token: str | None = None
+
+    @classmethod
+    def from_env(cls, config: VerifyConfig | None = None) -> RewardVerifier:
+        return cls(config or env_config(), os.environ.get("MUSACODER_VERIFIER_URL") or None,
+                   os.environ.get("MUSACODER_TOKEN"))
+
+    def verdicts(self, pairs: list[tuple[Any, Any]]) -> list[Verdict]:
+        """One verdict per (task, completion), in order."""
+        if not self.url:
+            out: list[Verdict | None] = [None] * len(pairs)
+            for i, v in verify_many(pairs, self.config):
+                out[i] = v
+            return out
+        from musacoder.service.client import verify_batch
+
+        good, bad = _normalised(pairs, self.config)
+        got = verify_batch([(t, c) for _, t, c in good], self.url, self.token) if good else []
+        return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
+
+    async def verdicts_async(self, pairs: list[tuple[Any, Any]]) -> list[Verdict]:
+        """`verdicts` from async code: the service's async client, or the local pool in a thread."""
+        if not self.url:
+            return await asyncio.to_thread(self.verdicts, pairs)
+        from musacoder.service.client import AsyncVerifierClient
+
+        good, bad = _normalised(pairs, self.config)
+        async with AsyncVerifierClient(self.url, self.token) as client:
+            got = await client.verify_many([(t, c) for _, t, c in good]) if good else []
+        return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
 
 
 def _normalised(pairs, config: VerifyConfig) -> tuple[list, dict[int, Verdict]]:
@@ -54,32 +117,12 @@ def _normalised(pairs, config: VerifyConfig) -> tuple[list, dict[int, Verdict]]:
 
 def verdicts(pairs: list[tuple[Any, Any]], config: VerifyConfig | None = None) -> list[Verdict]:
     """One verdict per (task, completion) in order: the service when MUSACODER_VERIFIER_URL is set, else locally."""
-    config = config or env_config()
-    url = os.environ.get("MUSACODER_VERIFIER_URL")
-    if not url:
-        out: list[Verdict | None] = [None] * len(pairs)
-        for i, v in verify_many(pairs, config):
-            out[i] = v
-        return out
-    from musacoder.service.client import verify_batch
-
-    good, bad = _normalised(pairs, config)
-    got = verify_batch([(t, c) for _, t, c in good], url, os.environ.get("MUSACODER_TOKEN")) if good else []
-    return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
+    return RewardVerifier.from_env(config).verdicts(pairs)
 
 
 async def verdicts_async(pairs: list[tuple[Any, Any]], config: VerifyConfig | None = None) -> list[Verdict]:
-    """`verdicts` from async code: the service's async client, or the local pool in a thread."""
-    url = os.environ.get("MUSACODER_VERIFIER_URL")
-    if not url:
-        return await asyncio.to_thread(verdicts, pairs, config)
-    from musacoder.service.client import AsyncVerifierClient
-
-    config = config or env_config()
-    good, bad = _normalised(pairs, config)
-    async with AsyncVerifierClient(url, os.environ.get("MUSACODER_TOKEN")) as client:
-        got = await client.verify_many([(t, c) for _, t, c in good]) if good else []
-    return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
+    """`verdicts` from async code."""
+    return await RewardVerifier.from_env(config).verdicts_async(pairs)
 
 
 def _log(vs: list[Verdict], kwargs: dict):
@@ -98,7 +141,7 @@ def _tasks(task, n: int) -> list:
 
 def trl_reward(prompts=None, completions=None, task=None, **kwargs) -> list[float]:
     """TRL reward function: the verifier's reward of each completion (plain text or conversational messages)
-    against its row's `task` column (reference source, a task dict, or a `.py` path)."""
+    against its row's `task` column (reference source, a task dict, or a `.py` path). Settings: the environment."""
     vs = verdicts(list(zip(_tasks(task, len(completions)), completions)))
     _log(vs, kwargs)
     return [float(v.reward) for v in vs]
@@ -109,6 +152,28 @@ async def trl_reward_async(prompts=None, completions=None, task=None, **kwargs) 
     vs = await verdicts_async(list(zip(_tasks(task, len(completions)), completions)))
     _log(vs, kwargs)
     return [float(v.reward) for v in vs]
+
+
+def make_reward(config: VerifyConfig | dict | None = None, *, url: str | None = None, token: str | None = None,
+                is_async: bool = False) -> Callable:
+    """`trl_reward` configured in code instead of the environment: verified locally with `config` (a
+    VerifyConfig, or its fields as a mapping, validated as a config file's are), or by the service at `url`
+    (`token`: its bearer token). `is_async`: the coroutine form. TRL logs it under the name `musacoder_reward`."""
+    cfg = VerifyConfig.from_dict(config) if isinstance(config, dict) else config or VerifyConfig()
+    verifier = RewardVerifier(cfg, url, token)
+
+    if is_async:
+        async def musacoder_reward(prompts=None, completions=None, task=None, **kwargs) -> list[float]:
+            vs = await verifier.verdicts_async(list(zip(_tasks(task, len(completions)), completions)))
+            _log(vs, kwargs)
+            return [float(v.reward) for v in vs]
+    else:
+        def musacoder_reward(prompts=None, completions=None, task=None, **kwargs) -> list[float]:
+            vs = verifier.verdicts(list(zip(_tasks(task, len(completions)), completions)))
+            _log(vs, kwargs)
+            return [float(v.reward) for v in vs]
+    musacoder_reward.verifier = verifier  # what it verifies with, for the curious
+    return musacoder_reward
 
 
 def _reference(ground_truth, extra_info) -> Any:
@@ -130,20 +195,35 @@ def score_dict(v: Verdict) -> dict:
             "correctness": float(v.correctness), "speedup": float(v.speedup_eager or 0.0), "reason": v.reason[:200]}
 
 
-def compute_score(data_source=None, solution_str: str = "", ground_truth=None, extra_info=None, **kw) -> dict:
-    """verl `custom_reward_function` (stock `naive` reward manager)."""
+def _verl_verifier(verify: dict | None, verifier_url: str | None, token: str | None) -> RewardVerifier:
+    """verl's `reward_kwargs` (`verify`: VerifyConfig fields, `verifier_url`, `token`) over the environment's."""
+    env = RewardVerifier.from_env()
+    if type(verify).__module__.startswith("omegaconf"):  # verl hands reward_kwargs over as OmegaConf nodes
+        from omegaconf import OmegaConf
+
+        verify = OmegaConf.to_container(verify, resolve=True)
+    cfg = VerifyConfig.from_dict(verify) if verify is not None else env.config
+    return RewardVerifier(cfg, verifier_url or env.url, token or env.token)
+
+
+def compute_score(data_source=None, solution_str: str = "", ground_truth=None, extra_info=None, verify=None,
+                  verifier_url=None, token=None, **kw) -> dict:
+    """verl `custom_reward_function` (stock `naive` reward manager). `verify`, `verifier_url`, `token` come from
+    `custom_reward_function.reward_kwargs` when set there; else the environment decides."""
+    verifier = _verl_verifier(verify, verifier_url, token)
     try:
         pair = (_reference(ground_truth, extra_info), solution_str)
     except ValueError as e:
-        return score_dict(unusable(str(e), env_config()))
-    return score_dict(verdicts([pair])[0])
+        return score_dict(unusable(str(e), verifier.config))
+    return score_dict(verifier.verdicts([pair])[0])
 
 
 async def compute_score_async(data_source=None, solution_str: str = "", ground_truth=None, extra_info=None,
-                              **kw) -> dict:
+                              verify=None, verifier_url=None, token=None, **kw) -> dict:
     """`compute_score` as a coroutine (verl awaits it on its reward loop instead of using a thread)."""
+    verifier = _verl_verifier(verify, verifier_url, token)
     try:
         pair = (_reference(ground_truth, extra_info), solution_str)
     except ValueError as e:
-        return score_dict(unusable(str(e), env_config()))
-    return score_dict((await verdicts_async([pair]))[0])
+        return score_dict(unusable(str(e), verifier.config))
+    return score_dict((await verifier.verdicts_async([pair]))[0])

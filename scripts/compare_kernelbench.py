@@ -79,7 +79,7 @@ def run_ours(tasks, cands, args) -> dict:
                           "speedup_compile": v.speedup_compile, "candidate_ms": v.candidate_ms,
                           "eager_ms": v.eager_ms, "stages": v.stage_seconds, "rse": v.timing_rse,
                           "reps": v.timing_reps, "floor_ms": v.details.get("timer_floor_ms"),
-                          "reference_handler_ms": v.details.get("reference_handler_ms")}
+                          "reference_self_ms": v.details.get("reference_self_ms")}
             log(f"[ours] {phase:5s} {task.key:45s} {v.status.value:10s} {wall:7.2f}s  speedup "
                 f"{v.speedup_eager if v.speedup_eager is None else round(v.speedup_eager, 3)} {v.stage_seconds} "
                 f"{v.reason[:300]}")

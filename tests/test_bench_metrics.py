@@ -17,6 +17,7 @@ from musacoder.bench.metrics import (
     pass_at_ks,
     summarize,
     task_mean,
+    wilson_interval,
 )
 from musacoder.bench.report import compare, write_report
 from musacoder.bench.store import Row
@@ -97,6 +98,25 @@ def test_summarize_rates_and_fast_p():
     assert m["status"] == {"incorrect": 2, "ok": 4}
     assert "multi_turn" not in m
     assert summarize(outs, Counter(), threshold=1.0)["faster_rate_eager"] == pytest.approx((2 / 4 + 1 / 2) / 2)
+
+
+def test_wilson_interval_of_pass_at_k():
+    lo, hi = wilson_interval(0.0, 84)
+    assert lo == 0.0 and hi == pytest.approx(1.96**2 / (84 + 1.96**2))  # 0 of 84 is not [0, 0]
+    lo, hi = wilson_interval(30 / 84, 84)
+    assert lo == pytest.approx(0.2630, abs=1e-4) and hi == pytest.approx(0.4638, abs=1e-4)  # by hand
+    assert wilson_interval(1.0, 5)[1] == 1.0 and wilson_interval(0.5, 10)[0] < 0.5 < wilson_interval(0.5, 10)[1]
+    assert wilson_interval(0.3, 400)[1] - wilson_interval(0.3, 400)[0] < wilson_interval(0.3, 40)[1] - \
+        wilson_interval(0.3, 40)[0]  # narrower with more tasks
+    with pytest.raises(ValueError):
+        wilson_interval(0.5, 0)
+    # in metrics.json: per k, over the tasks with at least k samples, around the mean
+    outs = [oc("a", True), oc("a", False), oc("b", False), oc("b", False), oc("c", True)]
+    m = summarize(outs, Counter())
+    assert set(m["pass_at_k_ci"]) == {"1", "2"}
+    lo, hi = m["pass_at_k_ci"]["2"]  # a and b have 2 samples: Pass@2 1 and 0
+    assert (lo, hi) == pytest.approx(wilson_interval(0.5, 2)) and lo < m["pass_at_k"]["2"] < hi
+    assert m["pass_at_k_ci"]["1"] == pytest.approx(list(wilson_interval(m["pass_at_k"]["1"], 3)))
 
 
 def test_outcome_picks_fastest_passing_turn_and_first_success():

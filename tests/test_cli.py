@@ -34,3 +34,18 @@ def test_verify_missing_task_is_a_clear_error(tmp_path, cache_dir):
 def test_tasks_lists_shipped_tasks(cache_dir):
     r = run_cli("tasks", cache=cache_dir)
     assert r.returncode == 0 and "level1/19_ReLU" in r.stdout
+
+
+def test_console_errors_are_one_line_with_exit_2(tmp_path, cache_dir):
+    """Through the real entry point: a malformed config names its file, line and column; an output path that
+    cannot be written names the path; neither prints a traceback."""
+    bad = tmp_path / "rl.yaml"
+    bad.write_text("names: [19_ReLU\noutput_dir: out\n")
+    r = run_cli("rl", "--config", str(bad), cache=cache_dir)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {bad}:") and "invalid YAML" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    (tmp_path / "file").write_text("")
+    r = run_cli("port", "c2m", str(BUILTIN_DIR / "level1" / "19_ReLU.py"), "--out", str(tmp_path / "file" / "x.mu"),
+                cache=cache_dir)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {tmp_path / 'file' / 'x.mu'}: Not a directory")
+    assert "Traceback" not in r.stderr

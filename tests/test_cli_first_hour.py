@@ -390,15 +390,15 @@ def test_set_overrides_are_typed_and_validated(tmp_path, capsys):
     cfg = SFTConfig.from_yaml(p, ["lora.r=16", "max_steps=7", "learning_rate=2e-5"])
     assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.enabled, cfg.max_steps) == (16, 8, True, 7)  # merged, not replaced
     assert cfg.learning_rate == 2e-5  # YAML reads 2e-5 as a string; a float setting takes the number
-    for bad, said in [("learning_rate=fast", "setting learning_rate: expected float, got 'fast'"),
-                      ("max_steps=true", "setting max_steps: expected int, got True"),
-                      ("lora.r=x", "setting lora.r: expected int"), ("nope=1", "unknown SFTConfig setting"),
+    for bad, said in [("learning_rate=fast", "setting learning_rate: input should be a valid number, got 'fast'"),
+                      ("max_steps=true", "setting max_steps: input should be a valid integer, got True"),
+                      ("lora.r=x", "setting lora.r: input should be a valid integer"), ("nope=1", "unknown SFTConfig setting"),
                       ("oops", "expected KEY=VALUE")]:
         with pytest.raises(ValueError, match=said):
             SFTConfig.from_yaml(p, [bad])
     from musacoder.config import VerifyConfig
-    for bad, said in [({"devices": "oops"}, "setting devices: expected a list, got 'oops'"),
-                      ({"devices": [0, "a"]}, r"setting devices\[1\]: expected int, got 'a'")]:
+    for bad, said in [({"devices": "oops"}, "setting devices: input should be a list, got 'oops'"),
+                      ({"devices": [0, "a"]}, r"setting devices\[1\]: input should be a valid integer, got 'a'")]:
         with pytest.raises(ValueError, match=said):  # not a tuple of characters that fails deep in the pool
             VerifyConfig.from_dict(bad)
     assert VerifyConfig.from_dict({"devices": [0, 0]}).devices == (0, 0)
@@ -415,7 +415,7 @@ def test_set_overrides_are_typed_and_validated(tmp_path, capsys):
     (tmp_path / "empty.yaml").write_text("{}\n")
     for command in ("sft", "rft", "rl"):
         assert call(cli.app, command, "--config", tmp_path / "empty.yaml", "--set", "seed=many") == 2
-        assert "error: setting seed: expected int, got 'many'" in capsys.readouterr().err
+        assert "error: setting seed: input should be a valid integer, got 'many'" in capsys.readouterr().err
 
     trl = pytest.importorskip("trl")
     check_passthrough({"report_to": "none"}, trl.SFTConfig, {"output_dir"})
@@ -437,3 +437,210 @@ def test_rl_and_rft_select_tasks_like_verify_and_bench(tmp_path, capsys):
     cfg.write_text(f"model: {tmp_path}/m\noutput_dir: {tmp_path}/out\n")
     assert call(cli.app, "rl", "--config", cfg, "--names", "nope") == 2
     assert "error: no task in the shipped tasks matches --names nope" in capsys.readouterr().err
+
+
+# 11. issue 46, round 2: every failure a newcomer meets is one `error:` line ---------------------------------------
+def test_cuda_backend_without_a_device_is_an_error_line_before_anything_runs(fake_verify, cand, capsys):
+    """Without a GPU, `--backend cuda` gave every candidate a compile_error verdict (CUDA_HOME not set), reward -1,
+    exit 0: a wrong setting that looked like a bad kernel."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    for backend in ("cuda", "triton"):
+        assert call(cli.app, "verify", "--tasks", RELU_PY, "--candidate", cand, "--backend", backend) == 2
+        assert capsys.readouterr().err.startswith("error: no CUDA device: use --backend cpu")
+    assert "task" not in fake_verify  # decided before any verification
+    assert call(bench_app, "run", "--tasks", RELU_PY, "--model", "replay:x", "--out", "unused", "--backend",
+                "cuda") == 2
+    assert "error: no CUDA device: use --backend cpu" in capsys.readouterr().err
+
+
+def test_kernelbench_shim_says_no_cuda_device_in_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    from musacoder.kernelbench import eval_kernel_against_ref
+
+    r = eval_kernel_against_ref(RELU_PY.read_text(), "class ModelNew: pass", backend="cuda")
+    assert not r.compiled and not r.correctness
+    assert r.metadata["reason"].startswith("no CUDA device") and "\n" not in r.metadata["reason"]
+
+
+@pytest.mark.parametrize("argv,modules,extra", [
+    (["serve"], ["fastapi"], "serve"),
+    (["bench", "run", "--tasks", RELU_PY, "--model", "openai:m@http://127.0.0.1:9/v1", "--out", "OUT",
+      "--backend", "cpu"], ["openai"], "bench"),
+    (["sft", "--config", ROOT / "configs" / "sft-tiny.yaml", "--output-dir", "OUT"], ["trl"], "train"),
+    (["rl", "--config", ROOT / "configs" / "rl-tiny-cpu.yaml", "--output-dir", "OUT"], ["trl"], "train")])
+def test_a_missing_extra_says_which_to_install(argv, modules, extra, monkeypatch, capsys, tmp_path):
+    """Simulated: the module is blocked in sys.modules (an import of it fails as if it were not installed) and the
+    modules that import it are dropped, so they are imported again."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in modules or name in ("musacoder.service.app", "musacoder.bench.clients.openai",
+                                                      "musacoder.train.sft", "musacoder.train.rl.trainer"):
+            monkeypatch.delitem(sys.modules, name)
+    for m in modules:
+        monkeypatch.setitem(sys.modules, m, None)
+    argv = [tmp_path / "out" if a == "OUT" else a for a in argv]
+    assert call(cli.app, *argv) == 2
+    e = capsys.readouterr().err
+    assert f"needs the {extra} extra" in e and f"pip install 'musacoder[{extra}]'" in e
+    assert "Traceback" not in e and len(e.strip().splitlines()) == 1
+
+
+def test_malformed_yaml_is_one_line_with_file_line_and_column(tmp_path, capsys):
+    bad = tmp_path / "rl.yaml"
+    bad.write_text("model: m\nmax_steps: 3\n  group_size: [8\n")
+    for command in ("sft", "rft", "rl"):
+        assert call(cli.app, command, "--config", bad) == 2
+        e = capsys.readouterr().err
+        assert e.startswith(f"error: {bad}:3:") and "invalid YAML" in e and len(e.strip().splitlines()) == 1
+
+
+def test_config_values_are_range_checked_before_anything_is_created(tmp_path, capsys):
+    cfg = tmp_path / "rft.yaml"
+    cfg.write_text("model: replay:answers.jsonl\noutput_dir: out\n")
+    assert call(cli.app, "rft", "--config", cfg, "--set", "samples=-1") == 2
+    assert "error: setting samples: input should be greater than or equal to 1, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    from musacoder.config import VerifyConfig
+
+    with pytest.raises(ValueError, match="setting correctness.seeds: input should be greater than or equal to 1"):
+        VerifyConfig.from_dict({"correctness": {"seeds": 0}})
+    with pytest.raises(ValueError, match=r"setting correctness.rescale_factors\[1\]: input should be greater than 0"):
+        VerifyConfig.from_dict({"correctness": {"rescale_factors": [2, -1]}})
+    with pytest.raises(ValueError, match="setting spares: input should be greater than or equal to 0"):
+        VerifyConfig(spares=-1)  # built in Python: the same ranges
+
+
+def test_relative_paths_in_a_config_are_relative_to_its_folder(tmp_path, monkeypatch):
+    from musacoder.train.rft import RFTConfig
+    from musacoder.train.sft import SFTConfig
+
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "sft.yaml").write_text(
+        "data: [{path: data/a.jsonl, weight: 2}, b.jsonl]\noutput_dir: ../runs/x\nmodel: ../models/m\n"
+        "tokenizer: org/tok\n")
+    (tmp_path / "cfg" / "rft.yaml").write_text("model: replay:answers.jsonl\ntasks: /abs/tasks\n")
+    monkeypatch.chdir("/")
+    c = SFTConfig.from_yaml(tmp_path / "cfg" / "sft.yaml", ["output_dir=here"])
+    assert [s.path for s in c.data] == [str(tmp_path / "cfg" / "data" / "a.jsonl"), str(tmp_path / "cfg" / "b.jsonl")]
+    assert c.data[0].weight == 2 and c.model == str(tmp_path / "models" / "m")
+    assert c.output_dir == "here"  # the command line's own values stay relative to the current directory
+    assert c.tokenizer == "org/tok"  # no such directory next to the config: a hub id
+    r = RFTConfig.from_yaml(tmp_path / "cfg" / "rft.yaml")
+    assert r.model == f"replay:{tmp_path / 'cfg' / 'answers.jsonl'}" and r.tasks == "/abs/tasks"
+    # the shipped configs: the same files whichever directory a command runs from
+    shipped = SFTConfig.from_yaml(ROOT / "configs" / "sft-tiny.yaml")
+    assert all(Path(s.path).is_file() for s in shipped.data)
+    assert Path(shipped.output_dir) == ROOT / "runs" / "sft-tiny"
+
+
+def test_unwritable_paths_are_one_error_line(tmp_path, cand, monkeypatch, capsys):
+    """A file where a directory should be makes a path unwritable for every user, root included (CI runs as root,
+    so a read-only mode bit would not do)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("MUSACODER_CACHE", str(blocker / "cache"))
+    assert call(cli.app, "verify", "--tasks", RELU_PY, "--candidate", cand, "--backend", "cpu") == 2
+    assert capsys.readouterr().err.startswith(f"error: cache (MUSACODER_CACHE) {blocker / 'cache'}: cannot write")
+    monkeypatch.setenv("MUSACODER_CACHE", str(tmp_path / "cache"))
+    assert _bench(tmp_path, blocker / "run") == 2
+    assert capsys.readouterr().err.startswith(f"error: --out {blocker / 'run'}: cannot write there")
+    assert call(cli.app, "port", "c2m", cand, "--out", blocker / "x.mu") == 2
+    e = capsys.readouterr().err
+    assert e.startswith("error: ") and str(blocker) in e and "Traceback" not in e
+
+
+def test_synth_unwritable_output_is_one_error_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert call(cli.app, "synth", "tasks", "--out", blocker / "tasks.jsonl", "--n", "1") == 2
+    e = capsys.readouterr().err.strip()
+    assert e.startswith("error: ") and str(blocker) in e and "Traceback" not in e and len(e.splitlines()) == 1
+
+
+def _slow_verifier(delay: float, started=None):
+    from musacoder.verifier.verdict import Status, Verdict
+
+    def slow(pairs, cfg):
+        pairs = list(pairs)
+        if started is not None:
+            started.set()
+        for i, _ in enumerate(pairs):
+            time.sleep(delay)
+            yield i, Verdict(Status.FORMAT_ERROR, "a stand-in verdict", device="cpu")
+    return slow
+
+
+def _verdicts(out: Path) -> int:
+    from musacoder.bench.store import Store
+
+    store = Store(out / "samples.sqlite")
+    try:
+        return sum(r.verified for r in store.rows())
+    finally:
+        store.close()
+
+
+def test_first_ctrl_c_in_bench_says_what_it_waits_for_and_stores_it(tmp_path, monkeypatch, capsys, cache_dir):
+    """The verifier is a stand-in that takes 0.5 s a candidate; SIGINT comes while three are in flight."""
+    import os
+    import signal
+    import threading
+
+    monkeypatch.setenv("MUSACODER_CACHE", cache_dir)
+    started = threading.Event()
+    monkeypatch.setattr("musacoder.bench.runner.verify_many", _slow_verifier(0.5, started))
+    threading.Thread(target=lambda: started.wait(30) and os.kill(os.getpid(), signal.SIGINT), daemon=True).start()
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    assert call(bench_app, "run", "--tasks", RELU_PY, "--model", f"replay:{_replay(tmp_path, samples=3)}", "--out",
+                out, "--samples", "3", "--backend", "cpu", "--no-timing", "--no-overlap") == 130
+    e = capsys.readouterr().err
+    assert "waiting for the 3 verification(s) in flight" in e and "rerun the same command to resume" in e
+    assert _verdicts(out) == 3 and time.perf_counter() - t0 < 20
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the run's handler is gone
+
+
+SLOW_BENCH = """
+import sys, time
+import musacoder.bench.runner as runner
+from musacoder.verifier.verdict import Status, Verdict
+
+def slow(pairs, cfg):
+    pairs = list(pairs)
+    print("verifying", len(pairs), file=sys.stderr, flush=True)
+    for i, _ in enumerate(pairs):
+        time.sleep(30)
+        yield i, Verdict(Status.FORMAT_ERROR, "never", device="cpu")
+
+runner.verify_many = slow
+from musacoder.cli import app
+app()
+"""
+
+
+def test_second_ctrl_c_in_bench_exits_at_once_and_a_rerun_resumes(tmp_path, monkeypatch, capsys, cache_dir):
+    """A real `musacoder bench run` process (its verifier a stand-in that never answers in time) gets SIGINT
+    twice: it exits 130 at once, the generations it stored stay, and the same command then only verifies."""
+    import signal
+
+    out = tmp_path / "run"
+    args = ["bench", "run", "--tasks", str(RELU_PY), "--model", f"replay:{_replay(tmp_path, samples=3)}", "--out",
+            str(out), "--samples", "3", "--backend", "cpu", "--no-timing", "--no-overlap"]
+    p = subprocess.Popen([sys.executable, "-c", SLOW_BENCH, *args], stderr=subprocess.PIPE, text=True,
+                         env={**__import__("os").environ, "MUSACODER_CACHE": cache_dir})
+    try:
+        assert p.stderr.readline().startswith("verifying 3")
+        p.send_signal(signal.SIGINT)
+        assert "waiting for the 3 verification(s) in flight" in p.stderr.readline()
+        t0 = time.perf_counter()
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=10) == 130 and time.perf_counter() - t0 < 5
+        assert "interrupted again: exiting now" in p.stderr.read()
+    finally:
+        p.kill()
+        p.wait()
+    monkeypatch.setenv("MUSACODER_CACHE", cache_dir)
+    monkeypatch.setattr("musacoder.bench.runner.verify_many", _slow_verifier(0.0))
+    assert call(bench_app, *args[1:]) == 0
+    assert "resuming: 0 of 3 samples done" in capsys.readouterr().out and _verdicts(out) == 3

@@ -72,6 +72,33 @@ def test_compute_score_matches_verify(env, expected):
     assert out["status"] == "ok" and out["acc"] == 1.0
 
 
+def test_reward_settings_in_code_and_checked_in_the_environment(env, expected, monkeypatch, cache_dir):
+    """`make_reward` and verl's `reward_kwargs` configure the reward whatever the environment says; a value of a
+    MUSACODER_* variable that means nothing is an error naming it, not a silent default."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    monkeypatch.setenv("MUSACODER_BACKEND", "cuda")  # overridden by the code's settings below
+    reward = rewards.make_reward({"backend": "cpu", "timing_enabled": False, "cache_dir": cache_dir})
+    assert reward.__name__ == "musacoder_reward" and reward.verifier.config.backend == "cpu"
+    assert reward(prompts=["p"], completions=[fenced(CHEAT)], task=[RELU.code]) == [-1.0]
+    fn = get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": "pkg://musacoder.rewards", "name": "compute_score",
+        "reward_kwargs": {"verify": {"backend": "cpu", "timing_enabled": False, "cache_dir": cache_dir}}}}}))
+    assert fn(data_source="kb", solution_str=fenced(HONEST), ground_truth=RELU.code)["status"] == expected["honest"]
+    with pytest.raises(ValueError, match="setting correctness.seeds: input should be greater than or equal to 1"):
+        rewards.make_reward({"correctness": {"seeds": 0}})
+    for var, value in (("MUSACODER_TIMING", "maybe"), ("MUSACODER_BACKEND", "rocm"), ("MUSACODER_PROFILE", "fast"),
+                       ("MUSACODER_PRECISION", "fp8")):
+        monkeypatch.setenv("MUSACODER_BACKEND", "cpu")
+        monkeypatch.setenv(var, value)
+        with pytest.raises(ValueError, match=var):
+            rewards.trl_reward(prompts=["p"], completions=["x"], task=[RELU.code])
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("MUSACODER_TIMING", "off")
+    assert rewards.env_config().timing_enabled is False
+
+
 def test_naive_reward_manager_end_to_end(env, expected):
     """verl's stock naive manager on a DataProto, with our compute_score as its custom reward function."""
     import torch

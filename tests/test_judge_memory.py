@@ -104,9 +104,11 @@ def test_judge_peak_memory_is_a_few_tensor_sizes(judge, cache_dir):
     print(f"judge peak {peak / MIB:.0f} MiB = {peak / (mib * MIB):.2f}x the input")
     assert len(facts.trials) == 13 and all(t.passed for t in facts.trials), facts.trials
     assert facts.timing is not None and not facts.spot_check, facts
-    # input + reference output + candidate output buffers (3), one input-sized temporary (the task's fresh tensors,
-    # or the copy kept for the in-place check), comparison slices: 4.1-4.4x seen; before: 13.0x at 192 MiB
-    assert peak < 5 * mib * MIB, f"judge peak {peak / MIB:.0f} MiB = {peak / (mib * MIB):.2f}x the input"
+    # two input copies (the candidate's and the reference's own, since 2026-11-28) + reference output + candidate
+    # output buffers (4), one input-sized temporary (the task's fresh tensors, or the copy kept for the in-place
+    # check), comparison slices; a timing window of one call a block reuses them: 4.1-4.4x seen with one input copy;
+    # before: 13.0x at 192 MiB
+    assert peak < 6 * mib * MIB, f"judge peak {peak / MIB:.0f} MiB = {peak / (mib * MIB):.2f}x the input"
 
 
 def test_raising_on_the_determinism_rerun_fails_the_trial(judge, cache_dir):

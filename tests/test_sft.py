@@ -18,7 +18,7 @@ REPAIR = {"messages": [{"role": "system", "content": "You write kernels."},
                        {"role": "assistant", "content": "<think>drop these thoughts</think>return torch.relu(x)"},
                        {"role": "user", "content": "=== System Feedback for Round 1 ===\nillegal: aten::relu"},
                        {"role": "assistant", "content": "<think>keep these</think>out[i] = in[i] > 0 ? in[i] : 0;"}],
-          "kind": "repair", "task": "level1/19_ReLU"}
+          "kind": "repair", "task": "demo/relu"}
 
 
 def qa(i):
@@ -80,6 +80,38 @@ def test_trainer_batches_carry_loss_on_the_last_turn_only(tmp_path, data):
     assert "<think>" not in context and "keep these" not in context
 
 
+def test_eval_twins_are_refused_counted_and_said(tmp_path, capsys):
+    from musacoder.conversation import task_messages
+    from musacoder.tasks import Task, builtin_task
+    from musacoder.train.data import DataError
+
+    relu = builtin_task("level1/19_ReLU").code.replace("torch.rand(batch_size, dim)", "torch.rand(batch_size, 4, dim)")
+    twin = {"messages": task_messages(Task("relu3", relu), "cpu") + [{"role": "assistant", "content": "```python\n"
+                                                                                                    "...\n```"}],
+            "kind": "generation", "task": "relu3"}
+    f = tmp_path / "train.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [twin] + [qa(i) for i in range(3)]) + "\n")
+    trainer = build_trainer(config(tmp_path, f))  # eval_sets defaults to the shipped tasks
+    out = tmp_path / "out"
+    report = json.loads((out / "data_report.json").read_text())
+    assert len(trainer.train_dataset) == 3 and report["refused_eval_twins"] == 1
+    assert report["eval_sets"] == ["builtin"] and report["sources"][0]["refused"] == 1
+    refused = [json.loads(x) for x in (out / "refused.jsonl").read_text().splitlines()]
+    assert refused == [{"origin": f"{f}:1", "task": "relu3", "eval_task": "level1/19_ReLU", "detector": "opgraph"}]
+    err = capsys.readouterr().err
+    assert "warning: 1 record(s) copy an eval task" in err and "opgraph twin of level1/19_ReLU" in err
+
+    build_trainer(config(tmp_path, f, eval_sets=[]))
+    assert "warning: eval_sets is empty" in capsys.readouterr().err
+    assert json.loads((out / "data_report.json").read_text())["refused_eval_twins"] == 0
+    with pytest.raises(DataError, match="eval set nowhere.jsonl"):
+        build_trainer(config(tmp_path, f, eval_sets=["nowhere.jsonl"]))
+    only = tmp_path / "only.jsonl"
+    only.write_text(json.dumps(twin) + "\n")
+    with pytest.raises(DataError, match="1 refused as eval twins"):
+        build_trainer(config(tmp_path, only))
+
+
 def test_resume_continues_from_the_last_checkpoint(tmp_path, data, monkeypatch, capsys):
     import trl
 
@@ -114,7 +146,7 @@ def test_lora_merges_into_a_full_checkpoint(tmp_path, data):
 def test_each_epoch_draws_a_pool_member(tmp_path):
     pool = [{"messages": [{"role": "user", "content": "Write ReLU."},
                           {"role": "assistant", "content": f"variant {k}: " + "x " * k}],
-             "task": "level1/19_ReLU", "metadata": {"pool": "level1/19_ReLU", "cluster": k}} for k in range(4)]
+             "task": "demo/relu", "metadata": {"pool": "demo/relu", "cluster": k}} for k in range(4)]
     f = tmp_path / "rft.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in pool + [qa(0)]) + "\n")
     trainer = build_trainer(config(tmp_path, f))

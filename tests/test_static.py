@@ -13,6 +13,11 @@ def model_new(body: str, bases: str = "nn.Module", prelude: str = "") -> str:
         + "    def forward(self, x):\n" + "\n".join("        " + ln for ln in body.splitlines()) + "\n"
 
 
+def native(cpp: str) -> str:
+    """A candidate whose load_inline gets `cpp` (C++ text, written as it appears inside a Python string)."""
+    return model_new("return ext.f(x)", prelude=f"SRC = '{cpp}'\next = load_inline(name='e', cpp_sources=SRC)\n")
+
+
 def test_honest_try_except_and_pass_are_fine():
     src = model_new("try:\n    y = ext.relu(x)\nexcept RuntimeError as e:\n    raise ValueError('bad') from e\n"
                     "if y is None:\n    pass\nreturn y", prelude="import os\nos.environ['X'] = '1'\n")
@@ -25,8 +30,8 @@ def test_honest_try_except_and_pass_are_fine():
     (model_new("return super().forward(x)", bases="Model"), "subclasses Model"),
     (model_new("return Model.forward(self, x)"), "refers to the reference class Model"),
     (model_new("return x", prelude="exec('import os')\n"), "calls exec()"),
-    (model_new("return x", prelude="import threading\n"), "imports threading"),
-    (model_new("return x", prelude="from concurrent.futures import ThreadPoolExecutor\n"), "imports concurrent"),
+    (model_new("return x", prelude="import threading\nthreading.Thread(target=print).start()\n"), "threading.Thread"),
+    (model_new("return x", prelude="from concurrent.futures import ThreadPoolExecutor\n"), "concurrent.futures"),
     (model_new("return x", prelude="import subprocess\n"), "imports subprocess"),
     (model_new("return x", prelude="import os\nos.system('ls')\n"), "os.system"),
     (model_new("return x", prelude="import os as o\no.fork()\n"), "os.fork"),
@@ -40,10 +45,9 @@ def test_honest_try_except_and_pass_are_fine():
     (model_new("return x.__class__.__subclasses__()"), "introspection"),
     (model_new("return x", prelude="import sys\nsys._getframe(1)\n"), "sys._getframe"),
     (model_new("return x", prelude="import builtins\n"), "imports builtins"),
-    (model_new("return x", prelude="SRC = '#include <thread>\\nvoid f(){ std::thread t([]{}); t.detach(); }'\n"),
-     "native thread"),
-    (model_new("return x", prelude="SRC = 'int f(){ return system(\"rm -rf /\"); }'\n"), "spawns a process"),
-    (model_new("return x", prelude="SRC = 'void f(){ FILE* f = fopen(\"x\", \"w\"); }'\n"), "touches files"),
+    (native("#include <thread>\\nvoid f(){ std::thread t([]{}); t.detach(); }"), "native thread"),
+    (native('int f(){ return system(\\"rm -rf /\\"); }'), "spawns a process"),
+    (native('void f(){ FILE* f = fopen(\\"x\\", \\"w\\"); }'), "touches files"),
 ])
 def test_refused(src, needle):
     res = check_source(src)
@@ -57,7 +61,7 @@ def test_syntax_error_is_format_error():
 
 
 def test_native_comments_are_not_code():
-    src = model_new("return ext.f(x)", prelude="SRC = '// no std::thread here\\n/* system( */ int f(){return 0;}'\n")
+    src = native("// no std::thread here\\n/* system( */ int f(){return 0;}")
     assert check_source(src).ok
 
 
@@ -80,16 +84,16 @@ def test_exploits_are_illegal_not_format_errors():
      "_get_current_dispatch_mode_stack"),
     (model_new("return x", prelude="f = mod._profiler_enabled\n"), "_profiler_enabled"),
     (model_new("return x", prelude="import sys as s\nf = s._getframe(1)\n"), "sys._getframe"),
-    (model_new("return x", prelude="import traceback\n"), "imports traceback"),
+    (model_new("return x", prelude="import traceback\nfs = traceback.walk_stack(None)\n"), "walks stack frames"),
     (model_new("return x", prelude="import torch.utils.cpp_extension as ce\nce._jit_compile\n"),
      "torch.utils.cpp_extension"),
     (model_new("return x", prelude="f = getattr(frame, 'f_locals')\n"), "getattr() of f_locals"),
     (model_new("return x", prelude="c = getattr(torch, '_C')\n"), "getattr() of _C"),
     (model_new("return x", prelude="c = getattr(torch.utils, '_python_dispatch')\n"), "getattr() of _python_dispatch"),
     (model_new("return x", prelude="c = getattr(torch.autograd, 'profiler')\n"), "torch.autograd.profiler"),
-    (model_new("return x", prelude="SRC = 'void f(){ std::jthread t([]{}); }'\n"), "native thread"),
-    (model_new("return x", prelude="SRC = 'auto f = std::async(std::launch::async, []{});'\n"), "native thread"),
-    (model_new("return x", prelude="SRC = 'std::vector<std::thread> pool;'\n"), "native thread"),
+    (native("void f(){ std::jthread t([]{}); }"), "native thread"),
+    (native("auto f = std::async(std::launch::async, []{});"), "native thread"),
+    (native("std::vector<std::thread> pool;"), "native thread"),
 ])
 def test_refused_harness_internals(src, needle):
     res = check_source(src)
@@ -133,3 +137,115 @@ def test_view_ops_trace_legal():
         torch.swapdims(y, 0, 1), torch.tensor_split(y, 2)
     assert tr.illegal() == [], tr.ops
     assert torch.equal(y, x)
+
+
+EXT = "ext = load_inline(name='e', cpp_sources='int x;')\n"
+
+
+@pytest.mark.parametrize("prelude, body", [
+    # a lock (and friends) around a lazy build
+    ("import threading\n_lock = threading.Lock()\n_ev, _l = threading.Event(), threading.local()\n", "return x"),
+    ("from threading import RLock as R\nimport _thread\n_a, _b = R(), _thread.allocate_lock()\n", "return x"),
+    # deleting its own temporary files
+    ("import os\nimport shutil\nimport tempfile\nd = tempfile.mkdtemp()\nos.remove(d + '/a')\nos.unlink(d + '/b')\n"
+     "shutil.rmtree(d, ignore_errors=True)\n", "return x"),
+    # printing a build failure
+    ("import sys\nimport traceback\ntry:\n    " + EXT + "except RuntimeError:\n    traceback.print_exc()\n"
+     "    sys.stderr.write(traceback.format_exc())\n    raise\n", "return x"),
+    # its own attribute, its own extension by a computed name
+    ("", "self.tmp = x\ndelattr(self, 'tmp')\nreturn getattr(ext, 'f' + '')(x)"),
+    ("", "self.e = load_inline(name='e', cpp_sources='int x;')\nreturn getattr(self.e, self.__module__)(x)"),
+    # picks algorithms, not precision
+    ("torch.backends.cudnn.benchmark = True\ntorch.backends.cudnn.deterministic = True\n"
+     "torch.set_float32_matmul_precision('highest')\n", "return x"),
+])
+def test_honest_idioms_pass(prelude, body):
+    res = check_source(model_new(body, prelude=EXT + prelude))
+    assert res.ok, res.reason
+
+
+@pytest.mark.parametrize("prelude, needle", [
+    # a thread, however it is spelled: the reason says a lock is fine
+    ("import threading as th\nclass W(th.Thread):\n    pass\n", "threading.Thread"),
+    ("from threading import Timer\n", "threading.Timer"),
+    ("import threading\nt = threading\nT = getattr(t, 'Thr' + 'ead')\n", "threading module as a value"),
+    ("import threading\nT = getattr(threading, 'Thread')\n", "threading.Thread"),
+    ("from threading import *\n", "imports * from threading"),
+    ("from _thread import start_new_thread as go\n", "_thread.start_new_thread"),
+    ("import concurrent.futures as cf\nex = cf.ThreadPoolExecutor(1)\n", "concurrent.futures"),
+    ("import threading\nthreading._start_new_thread(print, ())\n", "threading._start_new_thread"),
+    ("t = torch.cuda.threading.Thread(target=print)\n", "reaches the threading module through another module"),
+    # other processes, and what the sandbox does not confine
+    ("import os\nos.setpriority(os.PRIO_PROCESS, 1, 19)\n", "reaches other processes"),
+    ("import os\no = os\no.kill(1, 9)\n", "os module as a value"),
+    ("import os\ngetattr(os, 'kill')(1, 9)\n", "os.kill"),
+    ("torch.cuda.os.kill(1, 9)\n", "reaches the os module"),
+    ("import shutil\nshutil.copymode('a', 'b')\n", "permissions"),
+    ("import os\nos.chmod('a', 0)\n", "permissions"),
+    # frames
+    ("import traceback\nfor f in traceback.walk_tb(None):\n    pass\n", "walks stack frames"),
+    ("import traceback\ne = traceback.TracebackException(None, None, None, capture_locals=True)\n", "capture_locals"),
+    ("async def a():\n    yield 1\nb = a().ag_frame\n", "ag_frame"),
+    # attributes of what is not the candidate's
+    ("delattr(torch.cuda, 'synchronize')\n", "delattr() on torch.cuda"),
+    ("def f(self):\n    delattr(self, 'relu')\nf(torch)\n", "delattr() on self"),
+    ("f = getattr(torch, 'r' + 'elu')\n", "computed name on torch"),
+    ("ext = torch\nf = getattr(ext, 'r' + 'elu')\n", "computed name on ext"),
+    ("def load_inline(**k):\n    return torch\nmine = load_inline()\nf = getattr(mine, 'r' + 'elu')\n", "computed name"),
+    ("g = getattr\nf = g(torch, 'relu')\n", "getattr as a value"),
+    ("import operator\nf = operator.attrgetter('_C')(torch)\n", "operator.attrgetter"),
+    ("c = torch.__getattribute__('_C')\n", "__getattribute__"),
+    # numerics against the reference
+    ("torch.backends.cudnn.allow_tf32 = True\n", "TF32"),
+    ("import torch.backends.cuda as bc\nbc.matmul.allow_bf16_reduced_precision_reduction = True\n", "reduced precision"),
+    ("torch.set_float32_matmul_precision('high')\n", "set_float32_matmul_precision"),
+    ("torch.set_flush_denormal(True)\n", "denormals"),
+    ("with torch.backends.cudnn.flags(enabled=True, benchmark=True):\n    pass\n", "allow_tf32=False"),
+])
+def test_refused_with_a_reason(prelude, needle):
+    res = check_source(model_new("return x", prelude=EXT + prelude))
+    assert res.status is Status.ILLEGAL and needle in res.reason, res.reason
+
+
+DOC = '"""Streams once through the memory system; starts no process (system(), fork()), no std::thread, fopen()."""\n'
+
+
+def test_python_text_is_not_native_source():
+    """Docstrings and messages mention processes, threads and files; only strings that reach a build are C++."""
+    src = DOC + model_new("return ext.f(x)", prelude="SRC = 'int f(){ return 0; }'\nMSG = 'cannot open (x); fork ('\n"
+                          "ext = load_inline(name='e', cpp_sources=[SRC])\n")
+    assert check_source(src).ok, check_source(src).reason
+
+
+@pytest.mark.parametrize("prelude", [
+    # traced through names, f-strings, joins, +=, and files written for cpp_extension.load
+    "N = 4\nA = 'int f(){{ return system(\"ls\") + {N}; }}'\nSRC = f'{A}'\next = load_inline('e', SRC)\n",
+    "A = 'int g();'\nA += '\\nint f(){ return system(\"ls\"); }'\next = load_inline('e', '\\n'.join([A]))\n",
+    "SRC = 'int f(){ return system(\"ls\"); }'\nwith open('k.cpp', 'w') as f:\n    f.write(SRC)\n",
+    # untraceable sources: every string is read, the docstring included
+    "ext = load_inline(name='e', cpp_sources=ModelNew.__doc__)\n",
+    "li = load_inline\next = li('e', ModelNew.__doc__)\n",
+    "def build(src):\n    return load_inline('e', src)\n",
+])
+def test_native_sources_are_traced(prelude):
+    doc = '"""int f(){ return system(\\"ls\\"); }"""\n' if "system" not in prelude else ""
+    res = check_source(doc + model_new("return x", prelude=prelude))
+    assert res.status is Status.ILLEGAL and "spawns a process" in res.reason, res.reason
+    assert ("every string of the module was read" in res.reason) == bool(doc), res.reason
+
+
+@pytest.mark.parametrize("expr", [
+    "torch.ops.aten.mm.default.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), a, b)",
+    "torch.ops.aten.mm.default._op_dk(1, a, b)",
+    "(lambda op: op._handle.redispatch_boxed)(torch.ops.aten.mm.default)",
+])
+def test_running_an_op_past_the_dispatchers_trace_is_refused(expr):
+    src = f"import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, a, b):\n        return {expr}\n"
+    r = check_source(src)
+    assert not r.ok and "past the dispatcher's op trace" in r.reason, r.reason
+
+
+def test_importing_the_harness_is_refused():
+    r = check_source("import musacoder.verifier.legality as L\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                     "    def forward(self, x):\n        return x\n")
+    assert not r.ok and "imports musacoder" in r.reason, r.reason

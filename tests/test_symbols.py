@@ -62,7 +62,7 @@ HONEST_CUDA = HONEST_CPU + [
 
 @pytest.mark.parametrize("backend, imports", [("cpu", HONEST_CPU), ("cuda", HONEST_CUDA)])
 def test_honest_imports_pass(backend, imports):
-    assert check_imports(imports, backend) == []
+    assert check_imports(imports, backend, traced=False) == [] and check_imports(imports, backend, traced=True) == []
 
 
 @pytest.mark.parametrize("symbol, why", [
@@ -97,9 +97,56 @@ def test_honest_imports_pass(backend, imports):
     ("gloo::allreduce(int)", "vendor"), ("somelib::compute(float*)", "outside the allowlist"),
 ])
 def test_refused_imports(symbol, why):
-    problems = check_imports(["memcpy", symbol + "@GLIBC_2.2.5" if "::" not in symbol else symbol], "cpu")
+    problems = check_imports(["memcpy", symbol + "@GLIBC_2.2.5" if "::" not in symbol else symbol], "cpu", traced=False)
     assert len(problems) == 1 and problems[0].startswith(f"imports {symbol}: "), problems
     assert why in problems[0], problems
+
+
+RELU_CALL = "at::_ops::relu::call(at::Tensor const&)"
+
+
+@pytest.mark.parametrize("symbol, why", [
+    (RELU_CALL, None),  # at::relu(x): the dispatcher trace sees it run, or it never runs
+    ("at::_ops::addmm::call(at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::Scalar const&, "
+     "c10::Scalar const&)", None),
+    ("at::_ops::relu::redispatch(c10::DispatchKeySet, at::Tensor const&)", "redispatch"),
+    ("at::_ops::empty_like::redispatch(c10::DispatchKeySet, at::Tensor const&, std::optional<c10::ScalarType>, "
+     "std::optional<c10::Layout>, std::optional<c10::Device>, std::optional<bool>, std::optional<c10::MemoryFormat>)",
+     "redispatch"),  # allowlisted or not, a redispatch skips the trace
+    ("at::enableRecordFunction(bool)", "RecordFunction"),  # DisableRecordFunctionGuard, RecordFunctionGuard(false)
+    ("typeinfo for at::RecordFunctionGuard", "RecordFunction"),
+    ("at::removeCallback(unsigned long)", "RecordFunction"), ("at::clearCallbacks()", "RecordFunction"),
+    ("at::disableCallback(unsigned long)", "RecordFunction"),
+    ("at::addGlobalCallback(at::RecordFunctionCallback)", "RecordFunction"),
+    ("at::set_record_function_tls_(at::RecordFunctionTLS const&)", "RecordFunction"),
+    ("at::ObservedOperators::getUnobservedOperatorList[abi:cxx11]()", "RecordFunction"),
+    ("at::ThreadLocalStateGuard::ThreadLocalStateGuard(at::ThreadLocalState const&)", "dispatch state"),
+    ("c10::Dispatcher::singleton()", "dispatch state"), ("at::cpu::relu(at::Tensor const&)", "below the dispatcher"),
+    ("at::native::relu(at::Tensor const&)", "below the dispatcher"), ("sgemm_", "BLAS"),
+    ("musacoder_optrace_stop", "op tracer"),
+    ("at::RecordFunction::before(std::variant<std::basic_string_view<char, std::char_traits<char> >, "
+     "std::reference_wrapper<c10::FunctionSchema const> >, long)", None),  # RECORD_FUNCTION labels
+])
+def test_imports_where_the_dispatcher_is_traced(symbol, why):
+    """Dispatcher calls are fine once the trace sees them (a fallback that never runs costs nothing); what skips or
+    blinds the trace, and compute below the dispatcher, stays refused."""
+    problems = check_imports([symbol], "cpu", traced=True)
+    assert (problems == []) if why is None else (len(problems) == 1 and why in problems[0]), problems
+
+
+def test_traced_follows_the_environment(monkeypatch, tmp_path):
+    from musacoder.verifier import legality, symbols
+
+    monkeypatch.delenv(legality.TRACER_ENV, raising=False)
+    untraced = symbols.policy()
+    assert check_imports([RELU_CALL], "cpu")
+    lib = tmp_path / "optrace.so"
+    lib.touch()
+    monkeypatch.setenv(legality.TRACER_ENV, str(lib))
+    assert check_imports([RELU_CALL], "cpu") == []
+    assert symbols.policy() != untraced  # records made untraced are judged again
+    from musacoder.verifier.symbols import POLICY
+    assert POLICY == symbols.policy()
 
 
 def test_cuda_helpers_allowed_only_on_gpu_backends():
@@ -228,6 +275,7 @@ EXPLOIT_EXT = r"""
 #include <ATen/ops/relu_cpu_dispatch.h>
 #include <ATen/ops/relu_native.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <ATen/record_function.h>
 #include <dlfcn.h>
 extern "C" void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
                        const int*, const float*, const int*, const float*, float*, const int*);
@@ -248,6 +296,11 @@ torch::Tensor dl(torch::Tensor x) {
     auto f = (at::Tensor (*)(const at::Tensor&))dlsym(RTLD_DEFAULT, "_ZN2at3cpu4reluERKNS_6TensorE");
     return f(x);
 }
+torch::Tensor rf_off(torch::Tensor x) {
+    at::DisableRecordFunctionGuard quiet;
+    return at::exp(x);
+}
+torch::Tensor redisp(torch::Tensor x) { return at::_ops::log::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), x); }
 at::Tensor op_body(const at::Tensor& x) { return at::sigmoid(x); }
 TORCH_LIBRARY(mc_sym_exploit, m) { m.def("f(Tensor x) -> Tensor"); }
 TORCH_LIBRARY_IMPL(mc_sym_exploit, CPU, m) { m.impl("f", &op_body); }
@@ -272,8 +325,8 @@ def test_real_extensions(cache_dir):
     assert "std::thread::hardware_concurrency()" in honest.imported
     assert check_imports(honest.imported, "cpu") == []
     bad = library_symbols(_build(cache_dir, "mc_sym_exploit", EXPLOIT_EXT, ["aten_api", "cpu_ns", "native_ns", "blas",
-                                                                  "exclude", "dl"]))
-    problems = check_imports(bad.imported, "cpu")
+                                                                  "exclude", "dl", "rf_off", "redisp"]))
+    problems = check_imports(bad.imported, "cpu", traced=False)
     expected = {  # class -> the symbol its function (and only it) imports
         "ATen C++ API (x.relu())": "imports at::_ops::relu::call(",
         "at::cpu kernel": "imports at::cpu::relu(",
@@ -282,7 +335,15 @@ def test_real_extensions(cache_dir):
         "at:: call under ExcludeDispatchKeyGuard": "imports at::_ops::tanh::call(",
         "dlsym lookup": "imports dlsym:",
         "TORCH_LIBRARY op body": "imports at::_ops::sigmoid::call(",
+        "at:: call with RecordFunction off": "imports at::enableRecordFunction(",
+        "redispatch": "imports at::_ops::log::redispatch(",
     }
+    dispatcher_calls = {"ATen C++ API (x.relu())", "at:: call under ExcludeDispatchKeyGuard", "TORCH_LIBRARY op body"}
     for cls, start in expected.items():
         assert sum(p.startswith(start) for p in problems) == 1, (cls, problems)
-    assert len(problems) == len(expected), problems
+    # rf_off's guard also reads the setting it restores, and its at::exp is a dispatcher call
+    extra = ("imports at::isRecordFunctionEnabled(", "imports at::_ops::exp::call(")
+    assert len(problems) == len(expected) + 2 and all(any(p.startswith(x) for p in problems) for x in extra), problems
+    traced = check_imports(bad.imported, "cpu", traced=True)
+    assert sorted(traced) == sorted(p for p in problems if not p.startswith(
+        tuple(expected[c] for c in dispatcher_calls) + extra[1:])), traced

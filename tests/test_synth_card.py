@@ -212,3 +212,29 @@ def test_cli_refuses_a_directory_with_nothing_recognisable(tmp_path, capsys, mak
         cli.app(["synth", "card", str(tmp_path / "d"), "--out", str(tmp_path / "card")], prog_name="musacoder")
     err = capsys.readouterr().err
     assert e.value.code == 2 and "error:" in err and says in err and "Traceback" not in err
+
+
+def test_card_counts_the_eval_twins_of_its_training_data(tmp_path, capsys):
+    from musacoder.conversation import task_messages
+    from musacoder.tasks import Task, builtin_task
+
+    relu, softmax = builtin_task("level1/19_ReLU").code, builtin_task("level1/23_Softmax").code
+    d = tmp_path / "run"
+    d.mkdir()
+    rank3 = relu.replace("torch.rand(batch_size, dim)", "torch.rand(batch_size, 3, dim)")
+    tanh = relu.replace("torch.relu(x)", "torch.tanh(x)")
+    (d / "tasks.jsonl").write_text(_lines([{"name": "relu3", "code": rank3, "metadata": {}},
+                                           {"name": "tanh", "code": tanh, "metadata": {}}]))
+    (d / "sft.jsonl").write_text(_lines([{"messages": task_messages(Task("sm", softmax), "cpu")
+                                          + [{"role": "assistant", "content": "```python\nx\n```"}], "task": "sm"}]))
+    with pytest.raises(SystemExit) as e:
+        cli.app(["synth", "card", str(d), "--out", str(tmp_path / "card"), "--eval", "builtin", "--json"],
+                prog_name="musacoder")
+    assert e.value.code == 0
+    out = capsys.readouterr()
+    (t,) = json.loads(out.out)["eval_twins"]
+    assert (t["records"], t["twins"], t["eval_tasks_copied"]) == (3, 2, ["level1/19_ReLU", "level1/23_Softmax"])
+    assert t["by_key"] == {"opgraph": 2, "ast": 1}  # the softmax record holds the very program
+    assert "eval twins of builtin: 2 of 3 training records and tasks" in out.err
+    card = (tmp_path / "card" / "card.md").read_text()
+    assert "## Eval twins: `builtin`" in card and f"`{d / 'tasks.jsonl'}:1`: level1/19_ReLU" in card

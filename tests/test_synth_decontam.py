@@ -115,7 +115,7 @@ def test_canonical_form_what_exact_means():
         canonical_hash("class Model(:\n")
 
 
-def test_op_signature_keeps_bool_flags_and_ranks():
+def test_op_signature_keeps_bool_flags_not_ranks():
     conv = '''import torch
 import torch.nn as nn
 class Model(nn.Module):
@@ -131,12 +131,19 @@ def get_init_inputs():
 '''
     standard, transposed = (trace_task(conv.format(kind=k, size=16)) for k in ("Conv2d", "ConvTranspose2d"))
     assert standard.ops == ("convolution[transposed=False]",) and transposed.ops == ("convolution[transposed=True]",)
+    assert standard.signature != transposed.signature
     assert standard.device == "meta" and standard.outputs == [(2, 8, 14, 14)]
     assert trace_task(conv.format(kind="Conv2d", size=64)).signature == standard.signature  # sizes do not count
     rank3 = RELU.code.replace("torch.rand(batch_size, dim)", "torch.rand(batch_size, 4, dim)")
-    assert trace_task(rank3).signature != trace_task(RELU.code).signature
+    assert trace_task(rank3).signature == trace_task(RELU.code).signature  # nor do ranks (issue 44)
     capped = trace_task(GEMM.code, max_ops=2)
     assert capped.truncated and len(capped.ops) == 2
+
+
+def test_the_same_computation_at_another_rank_is_dropped():
+    rank3 = {"name": "relu3", "code": RELU.code.replace("torch.rand(batch_size, dim)", "torch.rand(batch_size, 4, dim)")}
+    kept, dropped = decontaminate([rank3], EVAL, DecontamSettings(detectors=("ast", "opgraph")))
+    assert kept == [] and dropped[0]["reason"] == "opgraph" and dropped[0]["matches"][0]["eval_task"] == RELU.key
 
 
 def test_sft_records_are_judged_by_the_task_in_their_prompt():

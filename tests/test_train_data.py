@@ -159,3 +159,46 @@ def test_last_turn_mask_refuses_what_it_cannot_mask(word_tokenizer):
     with pytest.raises(RecordError, match="exceed max_length 5"):
         last_turn_mask(msgs, tok, max_length=5)
     assert len(last_turn_mask(msgs, tok, max_length=6)[0]) == 6
+
+
+def _sft_record(code: str, task: str) -> dict:
+    from musacoder.conversation import task_messages
+    from musacoder.tasks import Task
+
+    return {"messages": task_messages(Task(task, code), "cpu") + [{"role": "assistant", "content": "```python\n...\n```"}],
+            "kind": "generation", "task": task}
+
+
+def test_mix_refuses_eval_twins_and_keeps_the_rest(tmp_path):
+    from musacoder.tasks import builtin_task, builtin_tasks
+    from musacoder.train.data import EvalSets
+
+    relu = builtin_task("level1/19_ReLU").code
+    rank4 = relu.replace("torch.rand(batch_size, dim)", "torch.rand(batch_size, 2, 3, dim)")
+    tanh = relu.replace("torch.relu(x)", "torch.tanh(x)")
+    f = write(tmp_path / "d.jsonl", [_sft_record(rank4, "mine/relu4"), _sft_record(tanh, "mine/tanh"),
+                                     rec(task="level1/23_Softmax"), rec()])
+    m = mix([f], eval_sets=EvalSets(builtin_tasks()))
+    assert [(r["origin"].rsplit(":", 1)[1], r["eval_task"], r["detector"]) for r in m.refused] == [
+        ("1", "level1/19_ReLU", "opgraph"), ("3", "level1/23_Softmax", "task id")]
+    assert [it[0].task for it in m.items] == ["mine/tanh", None] and m.stats[0]["refused"] == 2
+    assert mix([f]).refused == [] and len(mix([f]).items) == 4  # no eval sets: nothing refused
+
+
+def test_shipped_training_samples_are_no_eval_twins():
+    """The sample data the shipped configs train on copies no shipped eval task (issue 44: it held KernelBench
+    demonstrations). KernelBench itself is not in the repository: docs/data-card-sft-sample.md has that check."""
+    from pathlib import Path
+
+    from musacoder.tasks import builtin_tasks
+    from musacoder.train.data import EvalSets
+    from musacoder.train.sft import SFTConfig
+
+    configs = Path(__file__).parent.parent / "configs"
+    used = {str(Path(s.path).resolve()) for c in sorted(configs.glob("sft-*.yaml"))
+            for s in SFTConfig.from_yaml(c).data}
+    shipped = {str(p.resolve()) for p in (configs / "data").glob("*.jsonl")}
+    assert used & shipped, "no shipped config trains on the sample data any more: point this test elsewhere"
+    m = mix(sorted(used & shipped), eval_sets=EvalSets(builtin_tasks()))
+    assert m.refused == [], m.refused
+    assert sum(s["records"] for s in m.stats) >= 20

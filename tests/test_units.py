@@ -464,13 +464,13 @@ def test_verifier_processes_run_on_the_cores_they_are_given(tmp_path):
     with pytest.raises(ValueError, match="this host's cores are"):
         VerifyConfig(backend="cpu", cpus=(os.cpu_count(),))
 
-    def ours(since: float) -> dict[int, tuple[str, list[int]]]:
-        """The pool's processes (started since `since`) and their cores."""
+    def ours(since: float) -> dict[int, tuple[str, list[int], int]]:
+        """The pool's processes (started since `since`), their cores and their parents."""
         out = {}
         for k in psutil.Process().children(recursive=True):
             try:
                 if k.create_time() >= since and "musacoder." in " ".join(k.cmdline()):
-                    out[k.pid] = (" ".join(k.cmdline()), k.cpu_affinity())
+                    out[k.pid] = (" ".join(k.cmdline()), k.cpu_affinity(), k.ppid())
             except psutil.Error:  # gone meanwhile
                 pass
         return out
@@ -481,9 +481,12 @@ def test_verifier_processes_run_on_the_cores_they_are_given(tmp_path):
         assert pool.wait_ready(timeout=120)["cpus"] == [core]
         procs = ours(since)
     assert len(procs) >= 2, procs  # the judge and what it started (zygote, spare candidate subjects)
-    assert all(cpus == [core] for _, cpus in procs.values()), procs
-    # `verify.spares`: the fork server and the three spares it forked (a child keeps the server's command line)
-    assert sum("musacoder.verifier.zygote" in cmd for cmd, _ in procs.values()) == 1 + 3, procs
+    assert all(cpus == [core] for _, cpus, _ in procs.values()), procs
+    # `verify.spares`: the fork server and the three spares it forked (a child keeps the server's command line; each
+    # spare's subject runs below it, as PID 1 of its own namespace)
+    servers = [p for p, (cmd, _, parent) in procs.items() if "musacoder.verifier.zygote" in cmd
+               and "musacoder.verifier.zygote" not in procs.get(parent, ("",))[0]]
+    assert len(servers) == 1 and sum(parent == servers[0] for _, _, parent in procs.values()) == 3, procs
     # compile workers start with their first job, through the same variable
     assert compile_env("cpu", cfg, {})["MUSACODER_WORKER_CPUS"] == str(core)
 

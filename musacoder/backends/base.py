@@ -7,6 +7,7 @@ import platform
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -97,6 +98,24 @@ class Backend(ABC):
     def flush_cache(self) -> None:
         """Evict the last-level cache between timed runs (no-op where not worth it)."""
 
+    def cache_bytes(self) -> int:
+        """The last-level cache a timed call's inputs must not find warm: the host's largest cache level (sysfs)."""
+        best = 0
+        for size in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+            try:
+                text = size.read_text().strip()
+            except OSError:
+                continue
+            unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG") or 0) * unit)
+        return best or 32 * 2**20
+
+    def free_bytes(self) -> int:
+        """Memory a timing window may still take on this backend's device."""
+        import psutil
+
+        return psutil.virtual_memory().available
+
     def poison(self, nbytes: int) -> None:
         """Leave NaN-filled freed memory in the allocator so uninitialised outputs show as garbage."""
 
@@ -115,6 +134,15 @@ class Backend(ABC):
     def check_build(self, kwargs: dict) -> str | None:
         """An error message if these load_inline arguments do not suit this backend."""
         return None
+
+    def light_build(self, arguments: dict) -> dict | None:
+        """The same load_inline build with lighter headers, for the builder to try first (its failure is never
+        reported: the candidate's own build follows); None where this backend has none for these arguments."""
+        return None
+
+    def compiler_env(self) -> dict[str, str]:
+        """Environment for the loader's compile commands, set only while the builder runs them."""
+        return {}
 
     def arch_env(self, capabilities: list[str]) -> dict[str, str]:
         """Build-target environment for compile workers, from the devices' capabilities ("9.0"); a setting the
@@ -199,10 +227,17 @@ class GpuBackend(Backend):
         return EventTimer(self.rt)
 
     def flush_cache(self) -> None:
-        if self._flush_buf is None:  # torch_musa's properties have no L2 size: 50 MiB is over 2x S4000's 24 MB
-            l2 = getattr(self.rt.get_device_properties(0), "L2_cache_size", 50 * 2**20)
-            self._flush_buf = torch.empty(max(2 * l2, 64 * 2**20) // 4, dtype=torch.float32, device=self.device_type)
+        if self._flush_buf is None:
+            self._flush_buf = torch.empty(max(2 * self.cache_bytes(), 64 * 2**20) // 4, dtype=torch.float32,
+                                          device=self.device_type)
         self._flush_buf.zero_()
+
+    def cache_bytes(self) -> int:
+        # torch_musa's properties have no L2 size: 25 MiB is over S4000's 24 MB
+        return getattr(self.rt.get_device_properties(self.rt.current_device()), "L2_cache_size", 25 * 2**20)
+
+    def free_bytes(self) -> int:
+        return self.rt.mem_get_info()[0]
 
     def poison(self, nbytes: int) -> None:
         if nbytes > 0:

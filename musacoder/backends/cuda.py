@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
+import re
+import shlex
+import sys
 
 import torch
 
@@ -15,6 +19,33 @@ LIBRARY_KERNELS = ("at::", "at_cuda_detail", "c10::", "cutlass", "cublas", "cudn
                    "turing_", "hopper_", "sm80_", "sm90_", "sm100_", "gemmSN", "gemmk1", "gemv2", "gemvx", "dot_kernel",
                    "Memcpy", "Memset", "triton_poi", "triton_red", "triton_per", "triton_tem", "nvjet", "splitKreduce",
                    "cutensor", "cufft", "curand")
+
+# The light build (docs/verifier.md, "Cold builds"): a load_inline `.cu`'s umbrella include, which adds torch's C++
+# frontend (nn, optim, jit, ...) and pybind11/Python to what load_inline's own `#include <torch/types.h>` prefix gives,
+# replaced in place (same line) by that prefix. Tried only for sources that name nothing the umbrella alone declares:
+# no pybind11 or Python API, no `torch::` namespace or name of those headers (some, like `torch::cuda`, would
+# otherwise resolve silently to ATen's `at::` one), and no preprocessor condition on a macro the candidate does not
+# define itself (`__`-reserved ones, the compiler's and CUDA's, excepted): the umbrella's macros could change them.
+_UMBRELLA = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/(?:extension|torch|all)\.h[>"][ \t]*(?://.*)?$', re.M)
+_UMBRELLA_ONLY = re.compile(r"\b(?:pybind11|py::|PYBIND11_\w*|Py_\w+|PyObject|torch::(?:autograd|cuda|data|enumtype|"
+                            r"fft|jit|linalg|mps|nested|nn|optim|python|serialize|sparse|special|xpu|save|load|"
+                            r"pickle_save|pickle_load|wrap_pybind_function)\b)")
+_CONDITION = re.compile(r"^[ \t]*#[ \t]*(?:if|ifdef|ifndef|elif|elifdef|elifndef)\b(.*)$", re.M)
+_DEFINED_HERE = re.compile(r"^[ \t]*#[ \t]*(?:define|undef)[ \t]+(\w+)", re.M)
+_SAFE_MACROS = {"defined", "CUDART_VERSION", "CUDA_VERSION"}
+
+
+def light_cuda_sources(sources: list[str]) -> list[str] | None:
+    """`sources` with their umbrella includes made `#include <torch/types.h>`, or None where that is not tried (read
+    as raw text, comments and strings included: a name there stops the light build too, never the reverse)."""
+    text = "\n".join(sources)
+    if not _UMBRELLA.search(text) or _UMBRELLA_ONLY.search(text):
+        return None
+    own = set(_DEFINED_HERE.findall(text)) | _SAFE_MACROS
+    for condition in _CONDITION.findall(text):
+        if any(not (w in own or w.startswith("__")) for w in re.findall(r"\b[A-Za-z_]\w*", condition)):
+            return None
+    return [_UMBRELLA.sub("#include <torch/types.h>", s) for s in sources]
 
 
 class CudaBackend(GpuBackend):
@@ -38,6 +69,21 @@ class CudaBackend(GpuBackend):
 
     def versions(self) -> dict[str, str]:
         return {**super().versions(), "cuda": str(torch.version.cuda)}
+
+    def light_build(self, arguments: dict) -> dict | None:
+        sources = arguments.get("cuda_sources")
+        light = light_cuda_sources([sources] if isinstance(sources, str) else list(sources or []))
+        return None if light is None else {**arguments, "cuda_sources": light}
+
+    def compiler_env(self) -> dict[str, str]:
+        """nvcc with its host and device front ends side by side (verifier/nvcc_overlap.py), unless the user chose an
+        nvcc of their own (PYTORCH_NVCC, e.g. behind ccache)."""
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        if "PYTORCH_NVCC" in os.environ or not CUDA_HOME:
+            return {}
+        nvcc = os.path.join(CUDA_HOME, "bin", "nvcc")
+        return {"PYTORCH_NVCC": shlex.join([sys.executable, "-m", "musacoder.verifier.nvcc_overlap", nvcc])}
 
     def kernel_profile(self, fn, args, own_kernels: list[str] | None = None) -> dict | None:
         from torch.profiler import ProfilerActivity

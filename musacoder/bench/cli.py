@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.markup import escape
 
-from musacoder.cli_base import App, Backend, Precision, Profile, err, fail
+from musacoder.cli_base import App, Backend, Precision, Profile, device_problem, err, fail, writable_dir
 from musacoder.tasks.select import IdsOpt, NamesOpt
 
 bench_app = App(add_completion=False, no_args_is_help=True,
@@ -58,7 +58,9 @@ def run(tasks: Path = typer.Option(..., "--tasks", help="KernelBench .jsonl/.par
     replay:/path/to/file.jsonl  (or a directory)
 
     Exit code 0 when every sample is finished; 1 when some are not (rerun the same command to retry them);
-    2 on bad arguments; 130 when interrupted (rerun the same command to resume).
+    2 on bad arguments; 130 when interrupted (rerun the same command to resume). Ctrl-C once: nothing new is
+    generated or verified, the verifications in flight finish and are stored; twice: exit at once.
+    Where a KernelBench task file comes from, and the replay format: docs/ecosystem-kernelbench.md.
     """
     from musacoder.bench.clients import ReplayError, make_client
     from musacoder.bench.report import failure_table, paper_table, task_table
@@ -73,6 +75,10 @@ def run(tasks: Path = typer.Option(..., "--tasks", help="KernelBench .jsonl/.par
                                          set_)
     except ValueError as e:
         fail(f"--set: {e}")
+    if problem := device_problem(backend):
+        fail(problem)
+    writable_dir(out, "--out")
+    writable_dir(vcfg.cache_dir, "cache (MUSACODER_CACHE)")
     try:
         task_list = select_tasks(tasks, levels, ids, names)
         client = make_client(model, concurrency=concurrency, batch_size=batch_size, request_timeout=request_timeout,

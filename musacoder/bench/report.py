@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from tabulate import tabulate
+
 from musacoder.bench.metrics import by_sample, faster, outcome, task_mean
 from musacoder.bench.store import Row
 
@@ -19,8 +21,9 @@ def _x(x: float | None) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    """A Markdown (pipe) table of cells already formatted: no number parsing, no padding (one row a line, as
+    written, so a row can be found in report.md as it reads)."""
+    return tabulate(rows, header, tablefmt="pipe", disable_numparse=True, colalign=[None] * len(header))
 
 
 def _blocks(m: dict) -> list[tuple[str, dict]]:
@@ -38,12 +41,18 @@ def paper_table(m: dict) -> str:
 def detail_table(m: dict) -> str:
     n = m["run"]["samples"]
     ps = list(m["overall"]["fast_p"])
-    header = ["", "tasks", "samples", "Pass@1", f"Pass@{n}", f"Avg@{n}", "compiled"] + [f"fast_{p}" for p in ps] \
-        + ["geomean vs eager", "geomean vs compile"]
+    header = ["", "tasks", "samples", "Pass@1", f"Pass@{n}", f"Pass@{n} 95% CI", f"Avg@{n}", "compiled"] \
+        + [f"fast_{p}" for p in ps] + ["geomean vs eager", "geomean vs compile"]
     rows = [[name, str(b["tasks"]), str(b["samples"]), pct(b["pass_at_k"].get("1")), pct(b["pass_at_k"].get(str(n))),
-             pct(b["avg"], 2), pct(b["compile_rate"])] + [pct(b["fast_p"][p]) for p in ps]
+             _interval(b.get("pass_at_k_ci", {}).get(str(n))), pct(b["avg"], 2), pct(b["compile_rate"])]
+            + [pct(b["fast_p"][p]) for p in ps]
             + [_x(b["geomean_speedup_eager"]), _x(b["geomean_speedup_compile"])] for name, b in _blocks(m)]
     return _table(header, rows)
+
+
+def _interval(ci) -> str:
+    """A Wilson interval over tasks (metrics.py), as percentages."""
+    return f"{pct(ci[0])}-{pct(ci[1])}" if ci else "-"
 
 
 def multi_turn_table(m: dict) -> str:

@@ -4,13 +4,19 @@ Each turn is a pipeline: a thread generates (streaming results into the store) w
 has been generated so far through the verifier's batch API, so the model server and the verifier work at once
 (`overlap=False`, and local generation, generate the whole turn first). Turn t+1 of a sample is asked only once
 turn t has its verdict, with that verdict's feedback.
+
+Ctrl-C: the first stops generation and asks for nothing more, says how many verifications are in flight and waits
+for them (their verdicts are stored); a second exits at once. Either way a rerun resumes from what was stored.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import queue
+import signal
+import sys
 import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -48,6 +54,47 @@ class BenchConfig:
     # Verify while generating. Off (and always off for local generation): each turn is generated in full first,
     # so a model sharing the device does not disturb the timings.
     overlap: bool = True
+
+
+class Interrupts:
+    """SIGINT while a run is under way (installed from the main thread only). The first Ctrl-C calls `on_stop`
+    (generation ends at once) and, with verifications in flight, lets them finish so their verdicts are stored,
+    saying how many it waits for; the runner then raises KeyboardInterrupt. A second exits at once, without waiting
+    for the verifier's workers to drain (they die with this process)."""
+
+    def __init__(self):
+        self.stopping = False
+        self.in_flight = 0  # verifications submitted and not yet stored
+        self.on_stop = lambda: None
+        self._old = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _handle(self, signum, frame):
+        if self.stopping:
+            sys.stderr.write(f"interrupted again: exiting now; {self.in_flight} verification(s) not stored (a rerun "
+                             "does them)\n")
+            sys.stderr.flush()
+            os._exit(130)
+        self.stopping = True
+        self.on_stop()
+        if not self.in_flight:
+            raise KeyboardInterrupt
+        sys.stderr.write(f"interrupted: nothing new is generated or verified; waiting for the {self.in_flight} "
+                         "verification(s) in flight, whose verdicts are stored (Ctrl-C again to exit now)\n")
+        sys.stderr.flush()
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt once a first Ctrl-C came and nothing is in flight any more."""
+        if self.stopping and not self.in_flight:
+            raise KeyboardInterrupt
 
 
 def resolve_backend(backend: str) -> str:
@@ -131,7 +178,7 @@ def identical_samples(texts: dict[str, list[str]], temperature: float) -> str | 
 
 
 def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, Task], client: Client, store: Store,
-              vcfg: VerifyConfig, progress: Progress, overlap: bool) -> None:
+              vcfg: VerifyConfig, progress: Progress, overlap: bool, interrupts: Interrupts) -> None:
     ready: queue.Queue = queue.Queue()  # (task, sample, raw) waiting for verification; None: generation ended
     stop = threading.Event()
     gbar = progress.add_task(f"turn {turn}: generate", total=len(gen))
@@ -170,6 +217,11 @@ def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, T
         finally:
             ready.put(None)
 
+    def stop_generating():
+        stop.set()
+        client.cancel()
+
+    interrupts.on_stop = stop_generating
     items = [(by_key[r.task], r.sample, r.raw) for r in ver]
     generating = bool(gen)
     if generating and overlap:
@@ -183,12 +235,17 @@ def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, T
                 item, block = ready.get(), False
                 generating = item is not None
                 items += [item] if item else []
+            interrupts.check()
             batch, items = items, []
+            interrupts.in_flight = len(batch)
             for i, v in verify_many([(t, raw) for t, _, raw in batch], vcfg) if batch else ():
                 task, sample, _ = batch[i]
                 store.put_verdict(task.key, sample, turn, v)
+                interrupts.in_flight -= 1
                 progress.update(vbar, advance=1)
+            interrupts.check()
     finally:
+        interrupts.in_flight = 0
         stop.set()
         client.cancel()  # Ctrl-C: stop waiting on the server now, not when its answers arrive
 
@@ -227,11 +284,12 @@ def run_bench(tasks: list[Task], client: Client, out_dir: str | Path, config: Be
             total = len(tasks) * cfg.samples
             mine = [r for r in stored if r.task in by_key and r.sample < cfg.samples and r.turn <= cfg.turns]
             console.print(f"resuming: {total - unfinished(tasks, mine, cfg, vcfg.backend)} of {total} samples done")
-        with LoggedProgress(console=console, transient=False) as progress:
+        with LoggedProgress(console=console, transient=False) as progress, Interrupts() as interrupts:
             for turn in range(1, cfg.turns + 1):
                 gen, ver = plan(tasks, store.rows(), cfg, vcfg.backend, turn)
                 if gen or ver:
-                    _run_turn(turn, gen, ver, by_key, client, store, vcfg, progress, cfg.overlap and not client.local)
+                    _run_turn(turn, gen, ver, by_key, client, store, vcfg, progress, cfg.overlap and not client.local,
+                              interrupts)
         rows = [r for r in store.rows() if r.task in by_key and r.sample < cfg.samples and r.turn <= cfg.turns]
         metrics = compute_metrics(rows, cfg.faster_threshold, cfg.fast_ps, multi_turn=cfg.turns > 1)
         metrics["unfinished"] = unfinished(tasks, rows, cfg, vcfg.backend)

@@ -23,11 +23,11 @@ from musacoder.backends import get_backend
 from musacoder.candidates import ExtractionError, code_hash, extract_code
 from musacoder.config import VerifyConfig
 from musacoder.tasks.model import Task
+from musacoder.verifier import legality, symbols
 from musacoder.verifier.cache import Cache
 from musacoder.verifier.pipeline import decide
 from musacoder.verifier.protocol import EvaluateJob, Facts
 from musacoder.verifier.static import StaticResult, check_source, needs_build
-from musacoder.verifier.symbols import POLICY
 from musacoder.verifier.verdict import Status, Verdict
 
 TASK_CONFIG = "verify_config"  # Task.metadata key: settings this task is verified under instead of the pool's
@@ -52,6 +52,9 @@ class PoolBase(ABC):
     def __init__(self, config: VerifyConfig | None):
         self.cfg = copy.deepcopy(config) if config else VerifyConfig()  # resolving `auto` must not touch the caller's
         self.cache = Cache(self.cfg.cache_dir / "musacoder.sqlite")
+        # the op tracer built and named before any worker starts: the symbol policy (and the prebuild cache's key)
+        # depends on whether dispatcher calls are seen
+        legality.use_tracer(self.cfg.cache_dir)
         self._arch_env: dict[str, str] = {}
         self._device_info: dict = {}
         self._device_ready = threading.Event()
@@ -178,7 +181,7 @@ class PoolBase(ABC):
         self._device_ready.wait(timeout=600)  # the arch list of the device is part of what gets built
         h = hashlib.sha256()
         arch = self._arch_env.get(self.backend_impl.arch_env_var or "TORCH_CUDA_ARCH_LIST", "")
-        for part in (code, self.backend, torch.__version__, arch, POLICY):
+        for part in (code, self.backend, torch.__version__, arch, symbols.policy()):
             h.update(part.encode() + b"\0")
         return h.hexdigest()[:32]
 

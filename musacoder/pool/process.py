@@ -38,6 +38,38 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class UnderWaiter:
+    """A process handle (Popen's pid/poll/wait/returncode) on a subject that runs as PID 1 of its own namespace, a
+    child of the process that was started (`sandbox.own_namespace`): that process only waits for it and ends as it
+    ended. The pid is the subject's, so signals, /proc reads and the process-tree count reach it and what it
+    started; liveness and the exit status are the waiter's."""
+
+    def __init__(self, waiter, pid: int):
+        self.waiter, self.pid = waiter, pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.waiter.returncode
+
+    @property
+    def recorded(self) -> bool:
+        return getattr(self.waiter, "recorded", True)
+
+    def poll(self) -> int | None:
+        return self.waiter.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.waiter.wait(timeout)
+
+
 class WorkerTimeout(RuntimeError):
     pass
 
@@ -91,6 +123,10 @@ class WorkerProcess:
         except (WorkerTimeout, WorkerDied) as e:
             self.kill()
             raise WorkerDied(f"{self.role} worker failed to start: {e}") from None
+        # a subject in a namespace of its own says its pid before it runs anything of a candidate's
+        pid = self.hello.get("pid")
+        if pid and pid != self.proc.pid and _parent(pid) == self.proc.pid:
+            self.proc = UnderWaiter(self.proc, pid)
         return self.hello
 
     @property
@@ -175,8 +211,8 @@ class WorkerProcess:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            try:  # the group is the started process's (a waiter's, where the subject is below it)
+                os.killpg(getattr(self.proc, "waiter", self.proc).pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             try:

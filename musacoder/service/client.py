@@ -1,7 +1,7 @@
 """Async client of the reward service, for RL reward functions.
 
 Resubmitting is always safe (the service dedupes by task + code + config), so every transient failure is handled
-the same way: back off, then submit again. Verdict-level answers (401, 413, 422...) are never retried.
+the same way: back off (tenacity), then submit again. Verdict-level answers (401, 413, 422...) are never retried.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from musacoder.tasks.model import Task
 from musacoder.verifier.verdict import Verdict
@@ -21,6 +22,14 @@ RETRY_STATUS = {429, 502, 503, 504}
 
 class VerifierError(RuntimeError):
     """The service refused the request, or could not be reached within the retries."""
+
+
+class _Busy(Exception):
+    """A 429/502/503/504 answer: sent again after a while."""
+
+    def __init__(self, r: httpx.Response):
+        super().__init__(f"HTTP {r.status_code}: {_detail(r)}")
+        self.retry_after = r.headers.get("Retry-After", "")
 
 
 def _task_json(task: Task | dict) -> dict:
@@ -82,26 +91,32 @@ class AsyncVerifierClient:
 
     async def _request(self, method: str, path: str, ok: set[int] = frozenset(), **kw) -> httpx.Response:
         """One request with retries on connection errors and 429/502/503/504; raises VerifierError otherwise."""
-        last = ""
-        for attempt in range(self.retries + 1):
-            wait = min(self.max_backoff_s, self.backoff_s * 2 ** attempt) * random.uniform(0.5, 1.0)
-            try:
-                r = await self._http.request(method, path, **kw)
-            except httpx.TransportError as e:
-                last = f"{type(e).__name__}: {e}"
-            else:
-                if r.status_code < 400 or r.status_code in ok:
-                    return r
-                detail = _detail(r)
-                if r.status_code not in RETRY_STATUS:
-                    raise VerifierError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {detail}")
-                last = f"HTTP {r.status_code}: {detail}"
-                retry_after = r.headers.get("Retry-After", "")
-                if retry_after.isdigit():  # the server says when; jitter so a crowd of clients does not return at once
-                    wait = min(self.max_backoff_s, float(retry_after)) * random.uniform(1.0, 1.5)
-            if attempt < self.retries:
-                await asyncio.sleep(wait)
-        raise VerifierError(f"{method} {self.base_url}{path} failed after {self.retries + 1} attempts: {last}")
+        backoff = wait_random_exponential(multiplier=self.backoff_s, max=self.max_backoff_s)
+
+        def wait(state) -> float:
+            e = state.outcome.exception()
+            if isinstance(e, _Busy) and e.retry_after.isdigit():
+                # the server says when; jitter so a crowd of clients does not return at once
+                return min(self.max_backoff_s, float(e.retry_after)) * random.uniform(1.0, 1.5)
+            return backoff(state)
+
+        attempts = 0
+        try:
+            async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries + 1), wait=wait, reraise=True,
+                                               retry=retry_if_exception_type((httpx.TransportError, _Busy))):
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    r = await self._http.request(method, path, **kw)
+                    if r.status_code < 400 or r.status_code in ok:
+                        return r
+                    if r.status_code in RETRY_STATUS:
+                        raise _Busy(r)
+                    raise VerifierError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {_detail(r)}")
+        except httpx.TransportError as e:
+            last = f"{type(e).__name__}: {e}"
+        except _Busy as e:
+            last = str(e)
+        raise VerifierError(f"{method} {self.base_url}{path} failed after {attempts} attempts: {last}")
 
 
 def _detail(r: httpx.Response) -> str:

@@ -8,6 +8,10 @@ counted by `kind`). decontam_report.json files are read as `synth decontam` writ
 report is counted under decontam only when its input is read too. A file name serves only when a file has no
 readable record (an empty dropped.jsonl is still the tasks stage's).
 
+With eval sets (`--eval`), the card also says how many of its training records and tasks are eval twins: the same
+computation at any rank, size or spelling (the canonical op graph of synth/opgraph.py) or the same program as an
+eval task, and which eval tasks they copy (synth/heldout.py's keys, as `synth twins` and SFT's refusal use them).
+
 A line that is not read is counted with its reason, never raised: a line cut by an interrupted run (the last line
 without its newline, or a cut line a later run appended its next record to, as `tasks.recorded` skips them), a line
 that is not JSON, a record unlike the rest of its file, a training record training would refuse. A file a stage
@@ -440,6 +444,51 @@ def counts(scans: list[Scan]) -> dict:
 
 # ---- card.md and plots ---------------------------------------------------------------------------------------------
 
+def eval_twins(scans: list[Scan], sources: list[str]) -> list[dict]:
+    """Per eval set: how many training records and tasks of the scanned files copy one of its tasks (the same
+    computation or program), by key, and which eval tasks are copied. Decontaminated copies count once, as the
+    counts do."""
+    from musacoder.synth.decontam import task_code
+    from musacoder.synth.heldout import Keys
+    from musacoder.synth.twins import eval_records, task_key
+
+    keys = Keys()
+    mine: list[tuple[str, str]] = []  # (file:line, task code)
+    for s in scans:
+        if s.copy_of or s.role not in ("sft", "tasks"):
+            continue
+        for n, line in enumerate(s.path.read_text(errors="replace").splitlines(), 1):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # counted among the lines not read
+            code = task_code(rec) if isinstance(rec, dict) else None
+            if code is not None:
+                mine.append((f"{s.path}:{n}", code))
+    out = []
+    for src in sources:
+        evals = eval_records(src)
+        by_graph, by_ast = defaultdict(list), defaultdict(list)
+        for i, r in enumerate(evals):
+            f = keys.facts(r["code"])
+            if f.graph is not None:
+                by_graph[f.graph].append(task_key(r, i))
+            if f.ast is not None:
+                by_ast[f.ast].append(task_key(r, i))
+        twins, copied, per_key = [], set(), Counter()
+        for origin, code in mine:
+            f = keys.facts(code)
+            hits = {"opgraph": by_graph.get(f.graph, []), "ast": by_ast.get(f.ast, [])}
+            if any(hits.values()):
+                per_key.update(k for k, v in hits.items() if v)
+                tasks = sorted({t for v in hits.values() for t in v})
+                twins.append({"record": origin, "eval_tasks": tasks})
+                copied.update(tasks)
+        out.append({"eval": src, "eval_tasks": len(evals), "records": len(mine), "twins": len(twins),
+                    "by_key": dict(per_key), "eval_tasks_copied": sorted(copied), "twin_records": twins})
+    return out
+
+
 def _rate(n: int, d: int) -> str:
     return pct(n / d) if d else "-"
 
@@ -603,6 +652,15 @@ def render(c: dict, plots: list[str], inputs: list[str]) -> str:
                   _table(["detector", "matched", "dropped (first reason)"],
                          [[k, str(d["matched_by_detector"].get(k, 0)), str(d["dropped_by_first_detector"].get(k, 0))]
                           for k in dets]), "", *_more(lines, len(d["dropped_records"])), ""]
+    for t in c.get("eval_twins", []):
+        lines = [f"- `{r['record']}`: {', '.join(r['eval_tasks'])}" for r in t["twin_records"][:SHOWN]]
+        parts += [f"## Eval twins: `{t['eval']}`", "",
+                  f"{t['twins']} of {t['records']} training records and tasks are the same computation (opgraph) or "
+                  f"program (ast) as one of its {t['eval_tasks']} tasks"
+                  + (f" ({', '.join(f'{k} {v}' for k, v in t['by_key'].items())})" if t["by_key"] else "")
+                  + f"; {len(t['eval_tasks_copied'])} eval tasks are copied"
+                  + (": " + ", ".join(t["eval_tasks_copied"][:SHOWN]) if t["eval_tasks_copied"] else "") + ".", "",
+                  *_more(lines, len(t["twin_records"])), ""]
     parts += ["## Provenance", ""]
     bullets = []
     if prov["teachers"]:

@@ -243,18 +243,16 @@ def decontam(input_: Path = typer.Option(..., "--input", help="JSONL of task rec
                                                 "beside it"),
              threshold: float = typer.Option(0.8, min=0.01, max=1.0, help="MinHash: shingle Jaccard of a near copy"),
              detectors: str = typer.Option("ast,opgraph,minhash", help="comma-separated detectors to apply")):
-    """Remove records whose task is an eval task: the same program (ast), the same op graph at other sizes
-    (opgraph), or a near copy of the text (minhash). Each removal is reported with its reason and eval task."""
+    """Remove records whose task is an eval task: the same program (ast), the same computation at any rank, size or
+    spelling (opgraph), or a near copy of the text (minhash). Each removal is reported with its reason and eval
+    task."""
     import json
-    import os
 
     from musacoder.synth.decontam import DecontamSettings, run, summary
     from musacoder.tasks.loaders import _read_jsonl
     from musacoder.tasks.select import select_tasks
 
-    # tracing runs the eval tasks' code: KernelBench level 4 would download Hugging Face models (and retry offline)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    _offline()
     if not input_.is_file():
         fail(f"--input {input_} is not a file")
     if out.resolve() == input_.resolve():
@@ -443,13 +441,17 @@ def profile(solutions: list[Path] = typer.Option(..., help="solutions.jsonl (any
 def card(paths: list[Path] = typer.Argument(..., metavar="DIR...", help="directories of synth output (searched "
                                                                          "recursively), or single files"),
          out: Path = typer.Option(..., help="directory: card.md and its PNG plots"),
+         eval_: list[str] = typer.Option([], "--eval", help="an eval set (any task source, 'builtin'): count the "
+                                                            "training records and tasks that copy its tasks; "
+                                                            "repeatable"),
          as_json: bool = typer.Option(False, "--json", help="also print the counts as JSON on stdout")):
     """A data card of synth output: counts per stage, record kind, operator family, source and backend, verifier
-    pass rates, drop reasons, decontamination and provenance, all computed from the files. Lines that cannot be
-    read (one cut by an interrupted run) and files a stage writes that are missing are reported in the card."""
+    pass rates, drop reasons, decontamination and provenance, all computed from the files; with --eval, the training
+    records and tasks that are eval twins. Lines that cannot be read (one cut by an interrupted run) and files a stage
+    writes that are missing are reported in the card."""
     import json
 
-    from musacoder.synth.card import CardError, collect, counts, write_card
+    from musacoder.synth.card import CardError, collect, counts, eval_twins, write_card
 
     if out.exists() and not out.is_dir():
         fail(f"{out} is a file; give a directory")
@@ -458,10 +460,16 @@ def card(paths: list[Path] = typer.Argument(..., metavar="DIR...", help="directo
     except (CardError, OSError) as e:
         fail(e)
     c = counts(scans)
+    if eval_:
+        _offline()
+        c["eval_twins"] = _heldout_error(lambda: eval_twins(scans, eval_))
     written = write_card(out, c, [str(p) for p in paths])
     unread = sum(p["lines"] for f in c["files"] for p in f["not_read"].values())
     err.print(f"{len(c['files'])} files read, {unread} lines not read, {len(c['missing'])} expected files missing; "
               "stages: " + (", ".join(f"{k} {v['kept']}/{v['records']} kept" for k, v in c["stages"].items()) or "-"))
+    for t in c.get("eval_twins", []):
+        err.print(f"  eval twins of {t['eval']}: {t['twins']} of {t['records']} training records and tasks, copying "
+                  f"{len(t['eval_tasks_copied'])} of its {t['eval_tasks']} tasks")
     err.print(f"  -> {out / written[0]}" + (f", plots {', '.join(written[1:])}" if written[1:] else ""))
     if as_json:
         print(json.dumps(c, indent=1))
@@ -612,3 +620,191 @@ def diagnose(model: str = typer.Option(..., help="the base model: openai:MODEL@U
                   + (f" ({escape(client.fatal)})" if client.fatal else "")
                   + ": the weights are from the finished ones; run the same command again to retry the rest")
         raise typer.Exit(1)
+
+
+def _heldout_error(fn):
+    """Run fn; a HeldoutError or TaskLoadError (bad input) becomes one `error:` line."""
+    from musacoder.synth.heldout import HeldoutError
+    from musacoder.tasks import TaskLoadError
+
+    try:
+        return fn()
+    except (HeldoutError, TaskLoadError, OSError) as e:
+        fail(e)
+
+
+def _offline():
+    """Tracing runs task code: KernelBench level 4 would download Hugging Face models (and retry offline)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@synth_app.command("dedupe")
+def dedupe(input_: Path = typer.Option(..., "--input", help="JSONL of task records (code) or SFT records (messages)"),
+           out: Path = typer.Option(..., help="JSONL of kept records; OUT.dedupe.json (what was dropped) beside it"),
+           per_key: int = typer.Option(1, "--per-key", min=1, help="records kept per computation, at most: 1 is one "
+                                                                  "task per op sequence, 4 at most four"),
+           key: str = typer.Option("graph", help="graph: the canonical op graph (the same computation at any rank, "
+                                                 "size or spelling); ops: the generator's op sequence "
+                                                 "(metadata.ops of `synth tasks` records)")):
+    """Keep at most --per-key records per computation, the first ones in file order (a rerun keeps the same ones).
+    Records without a key (no task in them, untraceable) are kept and listed."""
+    import json
+
+    from musacoder.synth.heldout import KEYS, Keys, cap, read_records, write_jsonl
+
+    _offline()
+    if key not in KEYS:
+        fail(f"--key must be one of {', '.join(KEYS)}, not {key!r}")
+    if out.resolve() == input_.resolve():
+        fail("--out must differ from --input (the input is kept as it is)")
+    records = _heldout_error(lambda: read_records(input_))
+    res = _heldout_error(lambda: cap(records, per_key, key, Keys()))
+    write_jsonl(out, res.kept)
+    report = {"input": str(input_), "key": key, "per_key": per_key, "records": len(records), "kept": len(res.kept),
+              "distinct_keys": res.keys, "dropped": res.dropped, "unkeyed": res.unkeyed}
+    out.with_suffix(".dedupe.json").write_text(json.dumps(report, indent=1) + "\n")
+    err.print(f"{len(records)} records, {res.keys} distinct {key} keys: kept {len(res.kept)}, dropped "
+              f"{len(res.dropped)} over {per_key} per key"
+              + (f"; {len(res.unkeyed)} without a key (kept; first: {res.unkeyed[0]['name']}: "
+                 f"{res.unkeyed[0]['problem']})" if res.unkeyed else ""))
+    err.print(f"  -> {out}; report {out.with_suffix('.dedupe.json')}")
+
+
+@synth_app.command("split")
+def split_cmd(input_: Path = typer.Option(..., "--input", help="JSONL of task records (or SFT records)"),
+              out: Path = typer.Option(..., help="directory: train.jsonl, eval.jsonl, split.json"),
+              by: str = typer.Option("family", help="the unit held out whole: family (an operator family: every "
+                                                    "task with it goes to eval), ops (a generator op sequence) or "
+                                                    "graph (a computation)"),
+              fraction: float = typer.Option(0.1, min=0.001, max=0.999, help="about this share of the records held "
+                                                                            "out (families: at most this share)"),
+              seed: int = typer.Option(0, help="draws the held-out units; the same seed gives the same split"),
+              hold_out: str | None = typer.Option(None, help="comma-separated units to hold out instead of drawing "
+                                                             "them (family names, op sequences as 'relu -> abs')")):
+    """Split tasks into train and eval by whole operator families, op sequences or computations (not by seeds), then
+    drop from train every record still the same computation or program as an eval task. Reproducible from --seed."""
+    import json
+
+    from musacoder.synth.heldout import SPLIT_BY, Keys, read_records, split, write_jsonl
+
+    _offline()
+    if by not in SPLIT_BY:
+        fail(f"--by must be one of {', '.join(SPLIT_BY)}, not {by!r}")
+    if out.exists() and not out.is_dir():
+        fail(f"{out} is a file; give a directory")
+    records = _heldout_error(lambda: read_records(input_))
+    held = [h.strip() for h in hold_out.split(",") if h.strip()] if hold_out else None
+    res = _heldout_error(lambda: split(records, by, fraction, seed, Keys(), held))
+    write_jsonl(out / "train.jsonl", res.train)
+    write_jsonl(out / "eval.jsonl", res.eval)
+    manifest = {"input": str(input_), **res.manifest()}
+    (out / "split.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    err.print(f"{manifest['records']} records by {by}: train {len(res.train)}, eval {len(res.eval)} "
+              f"({len(res.eval) / max(manifest['records'], 1):.1%}); held out {len(res.held)}: "
+              + ", ".join(res.held[:8]) + (" ..." if len(res.held) > 8 else ""))
+    if res.twins_dropped:
+        err.print(f"  dropped from train as eval twins: {len(res.twins_dropped)} (the same computation or program "
+                  "under another unit)")
+    if res.unkeyed:
+        err.print(f"  in neither set (nothing to split them by): {len(res.unkeyed)}; first: "
+                  f"{res.unkeyed[0]['name']}: {res.unkeyed[0]['problem']}")
+    err.print(f"  -> {out / 'train.jsonl'}, {out / 'eval.jsonl'}, {out / 'split.json'}")
+
+
+@synth_app.command("twins")
+def twins(train: list[Path] = typer.Option(..., help="training data: JSONL of task or SFT records, or a directory "
+                                                     "of them; repeatable"),
+          eval_: list[str] = typer.Option(..., "--eval", help="an eval set: any task source (KernelBench .jsonl, "
+                                                              "generated tasks, a directory, 'builtin'); repeatable"),
+          out: Path = typer.Option(..., help="directory: twins.json, twins.md, and per eval set its tasks with and "
+                                             "without a twin (NAME.twin.jsonl, NAME.no_twin.jsonl) to bench apart")):
+    """How held out each eval set is: per eval task, its twins among the training records (the same computation,
+    program or generator op sequence, at the same rank or another) and its nearest training task by text."""
+    import json
+
+    from musacoder.synth.heldout import Keys, read_records, write_jsonl
+    from musacoder.synth.twins import EvalSet, analyse, counts_line, eval_records, markdown, split_by_twin
+
+    _offline()
+    if out.exists() and not out.is_dir():
+        fail(f"{out} is a file; give a directory")
+    records = [r for p in train for r in _heldout_error(lambda p=p: read_records(p))]
+    evals = [EvalSet(src, _heldout_error(lambda src=src: eval_records(src))) for src in eval_]
+    err.print(f"tracing {len(records)} training records and {sum(len(e.records) for e in evals)} eval tasks ...")
+    report = analyse(records, evals, Keys())
+    report["train"] = [str(p) for p in train]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "twins.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "twins.md").write_text(markdown(report))
+    for es, s in zip(evals, report["sets"]):
+        stem = Path(es.name).stem if es.name != "builtin" else "builtin"
+        twin, alone = split_by_twin(es, s["rows"])
+        write_jsonl(out / f"{stem}.twin.jsonl", twin)
+        write_jsonl(out / f"{stem}.no_twin.jsonl", alone)
+    for line in counts_line(report):
+        err.print(line)
+    err.print(f"  -> {out / 'twins.md'}, {out / 'twins.json'}; eval tasks with and without a twin in "
+              f"{out}/*.twin.jsonl, *.no_twin.jsonl")
+
+
+@synth_app.command("hidden")
+def hidden(out: Path = typer.Option(..., help="directory (keep it out of the repository): tasks.jsonl, "
+                                              "manifest.json, generated.jsonl"),
+           rotation: str = typer.Option(..., help="the rotation's label, e.g. 2026-12: each label is another set"),
+           n: int = typer.Option(100, min=1, help="tasks in the set"),
+           against: list[str] = typer.Option([], help="eval twins to exclude with every detector: KernelBench "
+                                                      "(.jsonl or tree), 'builtin'; repeatable"),
+           against_generated: list[str] = typer.Option([], help="training data of the same generator (task or SFT "
+                                                                "records): excluded by ast and opgraph only; "
+                                                                "repeatable"),
+           secret_env: str = typer.Option("MUSACODER_HIDDEN_SECRET", help="environment variable holding the secret"),
+           secret_file: Path | None = typer.Option(None, help="or a file holding it"),
+           min_ops: int = typer.Option(1, min=1), max_ops: int = typer.Option(3, min=1),
+           families: str | None = typer.Option(None, help="comma-separated operator families (default: all)"),
+           fusion_depth: int = typer.Option(1, min=0),
+           size: float = typer.Option(1.0, min=0.01),
+           check_scale: float = typer.Option(1.0, min=0.01, max=1.0),
+           oversample: float = typer.Option(2.0, min=1.0, help="generate this many times --n, for the drops")):
+    """A rotating hidden evaluation set: operator-graph tasks generated from seeds keyed by a secret (never stored in
+    the repository) and the rotation label, cleaned, decontaminated against KernelBench and the training data, one
+    task per computation; judge it with `bench run --profile strict` (metrics.json has Pass@k with its interval)."""
+    from musacoder.synth.graphs import FAMILIES, GraphSpec
+    from musacoder.synth.heldout import Keys, hidden_set, read_records, read_secret, tracked_by_git
+    from musacoder.synth.twins import eval_records
+    from musacoder.tasks.model import Task
+
+    _offline()
+    secret = _heldout_error(lambda: read_secret(secret_env, secret_file))
+    if out.exists() and not out.is_dir():
+        fail(f"{out} is a file; give a directory")
+    try:
+        fams = tuple(f.strip() for f in families.split(",") if f.strip()) if families else FAMILIES
+        spec = GraphSpec(min_ops=min_ops, max_ops=max_ops, families=fams, fusion_depth=fusion_depth, size=size)
+    except ValueError as e:
+        fail(e)
+    if tracked_by_git(out):
+        err.print(f"[yellow]warning:[/yellow] {out} is inside a git work tree and not ignored: do not commit the "
+                  "hidden set")
+
+    def tasks_of(records: list[dict], origin: str) -> list[Task]:
+        from musacoder.synth.decontam import record_name, task_code
+
+        return [Task(name=record_name(r, i), code=c, source=f"{origin}#{i}") for i, r in enumerate(records)
+                if (c := task_code(r)) is not None]
+
+    kb = [t for src in against for t in tasks_of(_heldout_error(lambda src=src: eval_records(src)), src)]
+    gen = [t for src in against_generated for t in tasks_of(_heldout_error(lambda src=src: read_records(src)), src)]
+    with LoggedProgress(console=err, transient=True) as bar:
+        job = bar.add_task("generating and checking", total=None)
+        res = hidden_set(out, secret, rotation, n, spec, kb, gen, Keys(), check_scale, oversample,
+                         lambda i, total: bar.update(job, completed=i, total=total))
+    m = res.manifest
+    err.print(f"rotation {rotation} (secret {m['secret_fingerprint']}): {m['tasks']} of {n} tasks; generated "
+              f"{m['generated']}, {m['kept_by_cleaning']} kept by cleaning, dropped as eval twins "
+              f"{m['dropped_as_eval_twins'] or 0}, as the same computation {m['dropped_same_computation']}")
+    if m["tasks"] < n:
+        err.print(f"[yellow]warning:[/yellow] only {m['tasks']} of {n} tasks: raise --oversample")
+    err.print(f"  -> {out / 'tasks.jsonl'}, {out / 'manifest.json'}; judge with: {m['judge_with']}")

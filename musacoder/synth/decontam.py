@@ -7,13 +7,14 @@ detectors, each match recorded with its reason.
   appearance. Literal values count: the same file with other size constants is not an `ast` match (`opgraph` finds
   it). Required names (`Model`, `forward`, `get_inputs`, ...), attributes of other objects (`torch.relu`) and
   keyword names (`dim=1`) stay as written.
-- `opgraph` (same computation at other sizes): the sequence of aten ops one forward executes, each with its boolean
-  arguments (so a transposed convolution differs from a standard one), over the same input ranks. Traced on the meta
-  device (no memory, no compute; the cpu at the task's own sizes when an op needs real data), capped at
-  `max_trace_ops` ops (an unrolled RNN runs tens of thousands; the prefix then stands for it). Integer and float
-  arguments are sizes or hyper-parameters and do not count: KernelBench's SELU and ELU (both `aten::elu`), or its
-  square and tall-skinny matmuls, are one problem each by this rule, and so is a dtype variant of a task (casts are
-  ignored). Recomputed, not read from `metadata.aten_ops`, which holds first occurrences without arguments.
+- `opgraph` (the same computation at any rank, size or spelling): the canonical op graph of one forward
+  (synth/opgraph.py): the aten ops with their data flow, composite ops decomposed to their formulas, views, casts,
+  ranks, sizes, integer and float arguments, argument order and names left out, boolean arguments kept (a transposed
+  convolution is not a standard one). Traced on the meta device (no memory, no compute; the cpu at the task's own
+  sizes when an op needs real data), capped at `max_trace_ops` top-level ops (an unrolled RNN runs tens of thousands;
+  the prefix then stands for it). By this rule ReLU on a rank-3 input is ReLU, KernelBench's SELU and ELU are one
+  problem, and so are its square and tall-skinny matmuls, its 1-d and 2-d poolings, and a dtype variant of a task.
+  Recomputed, not read from `metadata.aten_ops`, which holds first occurrences without arguments.
 - `minhash` (near copy of the text): 5-token shingles of the code normalised by `train.diversity.normalise`
   (comments and docstrings dropped, numbers and the author's names folded) keeping the names of torch's operators,
   candidates from `datasketch.MinHashLSH` at `threshold`, each confirmed by the exact Jaccard similarity of the two
@@ -38,12 +39,13 @@ from functools import cache
 
 from musacoder.pyast import parse
 from musacoder.settings import Settings
+from musacoder.synth.opgraph import graph_key
 from musacoder.tasks.model import Task, TaskLoadError
 from musacoder.train.diversity import jaccard, shingles
 
 DETECTORS = ("ast", "opgraph", "minhash")  # strongest first: a dropped record's reason is its first match
 WHY = {"ast": "identical program up to names, comments, docstrings, annotations and formatting",
-       "opgraph": "same aten op sequence over the same input ranks (the same problem at other sizes)",
+       "opgraph": "same canonical op graph (the same computation at any rank, size or spelling)",
        "minhash": "near copy: normalised-code shingle Jaccard at or above the threshold"}
 LSH_MAX = 0.9  # LSH only proposes candidates (the exact Jaccard decides); above this it has too few bands
 REQUIRED_NAMES = frozenset({"Model", "get_inputs", "get_init_inputs", "forward", "__init__", "self"})
@@ -153,7 +155,7 @@ def canonical_hash(code: str) -> str:
     return hashlib.sha256(canonical_form(code).encode()).hexdigest()
 
 
-# ---- detector 3: the aten op sequence -------------------------------------------------------------------------------
+# ---- detector 3: the canonical op graph ----------------------------------------------------------------------------
 
 class TraceError(Exception):
     """The task could not be traced (does not load, or forward fails on the meta device and on the cpu)."""
@@ -161,8 +163,9 @@ class TraceError(Exception):
 
 @dataclass
 class Trace:
-    ops: tuple[str, ...]  # aten ops in execution order, boolean arguments in brackets; casts and views' helpers out
-    truncated: bool  # forward ran more than max_trace_ops ops; ops is its prefix
+    ops: tuple[str, ...]  # top-level aten ops in execution order, boolean arguments in brackets; casts and views out
+    graph: str  # the canonical op graph (synth/opgraph.py): no ranks, sizes, names or argument order
+    truncated: bool  # forward ran more than max_trace_ops ops; ops and graph are its prefix
     input_ranks: tuple  # per get_inputs() entry: a tensor's rank, else its type's name
     input_shapes: list  # per entry: a tensor's shape, else None
     input_floating: list[bool]
@@ -173,43 +176,21 @@ class Trace:
 
     @property
     def signature(self) -> str:
+        """What the `opgraph` detector compares: the same computation at any rank, size or spelling."""
+        return graph_key(self.graph)
+
+    @property
+    def sequence_signature(self) -> str:
+        """The former `opgraph` key, the op sequence over the same input ranks (kept for `synth twins`, which shows
+        what keying on ranks missed)."""
         return hashlib.sha256(json.dumps([self.ops, self.truncated, self.input_ranks]).encode()).hexdigest()
-
-
-class _Enough(Exception):
-    pass
-
-
-@cache
-def _op_mode_cls():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from musacoder.synth.clean import _IGNORED
-
-    class OpSequence(TorchDispatchMode):
-        """Every aten op forward dispatches, repeats included (clean.py's mode keeps first occurrences only)."""
-
-        def __init__(self, limit: int):
-            super().__init__()
-            self.ops: list[str] = []
-            self.limit = limit
-
-        def __torch_dispatch__(self, func, types=(), args=(), kwargs=None):
-            kwargs = kwargs or {}
-            name = func.__name__.split(".")[0]
-            if "aten::" + name not in _IGNORED:
-                flags = [f"{a.name}={v}" for a, v in zip(func._schema.arguments, args) if isinstance(v, bool)]
-                flags += [f"{k}={v}" for k, v in kwargs.items() if isinstance(v, bool)]
-                self.ops.append(name + (f"[{','.join(flags)}]" if flags else ""))
-                if len(self.ops) >= self.limit:
-                    raise _Enough
-            return func(*args, **kwargs)
-
-    return OpSequence
 
 
 def _trace_on(code: str, device: str, max_ops: int) -> Trace:
     import torch
+
+    from musacoder.synth.clean import _IGNORED
+    from musacoder.synth.opgraph import LimitReached, recorder_cls
 
     module = types.ModuleType("musacoder_trace_" + hashlib.sha256(code.encode()).hexdigest()[:12])
     with warnings.catch_warnings(), torch.device(device):
@@ -219,17 +200,20 @@ def _trace_on(code: str, device: str, max_ops: int) -> Trace:
         init = list(module.get_init_inputs())
         model = module.Model(*init)
         inputs = list(module.get_inputs())
-        mode = _op_mode_cls()(max_ops)
-        out, truncated = None, False
+        mode = recorder_cls()(max_ops, frozenset(_IGNORED))
+        for t in [*model.parameters(), *model.buffers()]:
+            mode.leaf(t, weight=True)
+        out = None
         try:
             with torch.no_grad(), mode:
                 out = model(*inputs)
-        except _Enough:
-            truncated = True
+            mode.graph.outputs = mode.output_refs(out)
+        except LimitReached:
+            pass
     outs = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (list, tuple)) else None
     tensors = outs is not None and all(isinstance(o, torch.Tensor) for o in outs)
     is_t = [isinstance(x, torch.Tensor) for x in inputs]
-    return Trace(ops=tuple(mode.ops), truncated=truncated,
+    return Trace(ops=tuple(mode.ops), graph=mode.graph.canonical(), truncated=mode.graph.truncated,
                  input_ranks=tuple(x.dim() if t else type(x).__name__ for x, t in zip(inputs, is_t)),
                  input_shapes=[tuple(x.shape) if t else None for x, t in zip(inputs, is_t)],
                  input_floating=[t and x.is_floating_point() for x, t in zip(inputs, is_t)],

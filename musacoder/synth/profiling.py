@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 from musacoder.config import VerifyConfig
 from musacoder.conversation import STYLES, task_messages
 from musacoder.tasks.model import Task
+from musacoder.verifier.feedback import BOUND_ADVICE, BOUND_PCT, kernel_bound
 
 # The rest of musacoder.synth imports torch: imported where used, so that the profiling process (this module run
 # with -m) is sandboxed before torch and anything it starts.
@@ -74,7 +75,6 @@ NCU_METRICS = {"gpu__time_duration.sum": "duration_ns",
                "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
                "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct",
                "launch__registers_per_thread": "registers"}
-BOUND_PCT = 60.0  # Nsight Compute's line: under it for both SM and memory throughput, latency bounds the kernel
 
 PROMPT = Template("""\
 The program below replaces the PyTorch architecture that follows it with its own $lang kernels; MooreEval verified \
@@ -211,15 +211,6 @@ def answer_text(d: Diagnosis, code: str, wall_ms: float, iterations: int, gpu: b
 
 # ---- Nsight Compute ----------------------------------------------------------------------------------------------
 NVIDIA = ("cuda", "triton")
-_ADVICE = {
-    "memory-bound": "It moves data about as fast as the memory system allows, so a faster program moves fewer bytes: "
-                    "fuse the neighbouring ops so intermediates stay on chip, read each input once, load wider.",
-    "compute-bound": "Its arithmetic units are near their peak, so a faster program issues fewer instructions per "
-                     "output: cheaper math, index arithmetic hoisted out of loops, tensor cores for matrix products.",
-    "latency-bound": "Neither its arithmetic nor its memory is near its peak, so it mostly waits: on too few warps "
-                     "(more blocks, fewer registers a thread), on dependent loads, or on a launch too small to fill "
-                     "the GPU.",
-}
 
 
 def nsight_compute(backend: str, enabled: bool = True) -> tuple[str | None, str]:
@@ -277,13 +268,6 @@ def short_name(kernel: str) -> str:
     return name.split("::")[-1]
 
 
-def kernel_bound(k: dict) -> str:
-    sm, mem = k.get("sm_pct") or 0.0, k.get("memory_pct") or 0.0
-    if mem >= BOUND_PCT and mem >= sm:
-        return "memory-bound"
-    return "compute-bound" if sm >= BOUND_PCT else "latency-bound"
-
-
 def ncu_table(kernels: list[dict]) -> str:
     lines = ["| kernel | us | SM % of peak | memory % of peak | DRAM % of peak | achieved occupancy % | registers | "
              "grid | block |", "|---|---|---|---|---|---|---|---|---|"]
@@ -314,7 +298,7 @@ def nsight_text(d: Diagnosis, kernels: list[dict]) -> str:
     took = f" took {k['duration_ns'] / 1e3:.4g} us" if k["duration_ns"] is not None else ""
     return (f"Nsight Compute, one forward: `{short_name(k['kernel'])}`{took} (grid {k['grid']}, block "
             f"{k['block']}): {', '.join(f for f in facts if f)}. By Nsight Compute's {BOUND_PCT:.0f}% line it is "
-            f"{bound}. {_ADVICE[bound]}")
+            f"{bound}. {BOUND_ADVICE[bound]}")
 
 
 # ---- running a program in the profiling process -------------------------------------------------------------------

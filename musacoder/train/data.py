@@ -18,6 +18,10 @@ Metadata "families" (the task's operator families, which synth writes) let `mix`
 weights of `synth diagnose` (families.json), an item of a family the model is weak at is drawn more often.
 
 A malformed line never stops a load: it becomes a `Problem` naming `file:line`, and every other line is kept.
+
+Eval twins: given the eval sets (`EvalSets`), `mix` refuses every record whose task is an eval task (the same program
+or the same computation at any rank, size or spelling, by synth/decontam.py's detectors; or a `task` id that is an
+eval task's key) and lists it with the eval task it copies: training on it would make the eval set a training set.
 """
 
 from __future__ import annotations
@@ -183,8 +187,36 @@ def write_records(path: str | Path, records: Iterable[Record | dict]) -> int:
 class Mix:
     items: list[list[Record]]  # one training item each: a single record, or a pool to draw from
     problems: list[Problem]
-    stats: list[dict]  # per source: path, weight, records, bad, items, drawn, kinds, families ({f: {items, drawn}})
+    stats: list[dict]  # per source: path, weight, records, bad, refused, items, drawn, kinds, families
     family_weights: dict[str, float] = field(default_factory=dict)  # as applied; {}: none
+    refused: list[dict] = field(default_factory=list)  # {origin, task, eval_task, detector}: eval twins not trained on
+
+
+class EvalSets:
+    """The eval tasks training must not see, indexed once for the decontamination detectors (`ast` and `opgraph` by
+    default: the same program, the same computation at any rank, size or spelling; `minhash` adds near copies of the
+    text, which over-matches tasks of one generator)."""
+
+    def __init__(self, tasks: list, detectors: Sequence[str] = ("ast", "opgraph")):
+        from musacoder.synth.decontam import DecontamSettings, EvalIndex
+
+        self.keys = {t.key for t in tasks}
+        self.index = EvalIndex(list(tasks), DecontamSettings(detectors=tuple(detectors)))
+
+    def twin(self, record: Record) -> dict | None:
+        """{eval_task, detector} of the first eval task the record copies, else None."""
+        from musacoder.synth.decontam import DETECTORS, task_code
+
+        if record.task in self.keys:
+            return {"eval_task": record.task, "detector": "task id"}
+        code = task_code(record.to_dict())
+        if code is None:
+            return None
+        found, _, _ = self.index.matches(code)
+        if not found:
+            return None
+        best = min(found, key=lambda m: DETECTORS.index(m.detector))
+        return {"eval_task": best.eval_task, "detector": best.detector}
 
 
 def load_family_weights(path: str | Path) -> dict[str, float]:
@@ -243,13 +275,40 @@ def _draw_weighted(own: list[list[Record]], weights: list[float], rng: random.Ra
     return drawn
 
 
+def load_eval_sets(sources: Sequence[str], detectors: Sequence[str] = ("ast", "opgraph")) -> EvalSets | None:
+    """The eval tasks of `sources` (any task source: a KernelBench .jsonl or tree, a held-out set, 'builtin' for the
+    shipped tasks), or None for none; DataError naming a source that cannot be read."""
+    import os
+
+    from musacoder.tasks.model import TaskLoadError
+    from musacoder.tasks.select import select_tasks
+
+    if not sources:
+        return None
+    # tracing runs the eval tasks' code: KernelBench level 4 would download Hugging Face models
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tasks = []
+    for src in sources:
+        try:
+            # 'builtin' (a config file's folder prefixed to it, when read from one): the shipped tasks
+            builtin = Path(src).name == "builtin" and not Path(src).exists()
+            tasks += select_tasks(None if builtin else src)
+        except (TaskLoadError, OSError) as e:
+            raise DataError(f"eval set {src}: {e}") from e
+    try:
+        return EvalSets(tasks, detectors)
+    except ValueError as e:  # an unknown detector
+        raise DataError(f"eval_detectors: {e}") from e
+
+
 def mix(sources: Sequence[Source | str | Path | dict], seed: int = 0,
-        family_weights: str | Path | dict[str, float] | None = None) -> Mix:
+        family_weights: str | Path | dict[str, float] | None = None, eval_sets: EvalSets | None = None) -> Mix:
     """Load sources, group pools into items, and apply each source's weight to its items. With `family_weights`
     (families.json of `synth diagnose`, or {family: weight}) an item's weight is its source's times
-    `family_weight(its families)` (drawn by `_draw_weighted`)."""
+    `family_weight(its families)` (drawn by `_draw_weighted`). With `eval_sets`, records that are eval twins are
+    refused (`Mix.refused`) before anything is drawn."""
     rng = random.Random(seed)
-    items, problems, stats = [], [], []
+    items, problems, stats, refused = [], [], [], []
     fw = {} if family_weights is None else dict(family_weights) if isinstance(family_weights, dict) \
         else load_family_weights(family_weights)
     if bad_fw := {f: w for f, w in fw.items() if not w >= 0}:
@@ -259,6 +318,14 @@ def mix(sources: Sequence[Source | str | Path | dict], seed: int = 0,
             raise DataError(f"data source {s.path}: weight must be >= 0, not {s.weight}")
         records, bad = load_source(s)
         problems += bad
+        mine = []
+        if eval_sets is not None:
+            for r in records:
+                if twin := eval_sets.twin(r):
+                    mine.append({"origin": r.origin, "task": r.task, **twin})
+            refused_at = {x["origin"] for x in mine}
+            records = [r for r in records if r.origin not in refused_at]
+            refused += mine
         pools: dict[str, list[Record]] = {}
         own: list[list[Record]] = []
         for r in records:
@@ -276,9 +343,9 @@ def mix(sources: Sequence[Source | str | Path | dict], seed: int = 0,
             drawn = own * whole + rng.sample(own, round(frac * len(own)))
         items += drawn
         stats.append({"path": s.path, "weight": s.weight, "records": len(records), "bad": len(bad),
-                      "items": len(own), "drawn": len(drawn), "kinds": dict(Counter(r.kind for r in records)),
-                      "families": _per_family(own, drawn)})
-    return Mix(items, problems, stats, fw)
+                      "refused": len(mine), "items": len(own), "drawn": len(drawn),
+                      "kinds": dict(Counter(r.kind for r in records)), "families": _per_family(own, drawn)})
+    return Mix(items, problems, stats, fw, refused)
 
 
 def draw(clusters: Sequence, rng: random.Random, by_cluster: bool = True) -> int:

@@ -14,12 +14,13 @@ import random
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from musacoder.bench.clients import Client, make_client
 from musacoder.bench.runner import BenchConfig, run_bench
 from musacoder.bench.store import Row, Store
-from musacoder.config import VerifyConfig
-from musacoder.settings import Settings
+from musacoder.config import AtLeast1, NonNegative, VerifyConfig
+from musacoder.settings import ConfigPath, Field, Settings
 from musacoder.tasks import Task
 from musacoder.tasks.select import select_tasks
 from musacoder.train.data import Record, draw, write_records
@@ -28,27 +29,27 @@ from musacoder.train.diversity import ClusterSettings, cluster, mean_pairwise_di
 
 @dataclass
 class RFTConfig(Settings):
-    model: str = ""  # generation client: hf:PATH | openai:MODEL[@URL] | replay:PATH
-    output_dir: str = "runs/rft"
-    tasks: str | None = None  # task file or directory; None: the shipped tasks
+    model: Annotated[str, ConfigPath("spec")] = ""  # generation client: hf:PATH | openai:MODEL[@URL] | replay:PATH
+    output_dir: Annotated[str, ConfigPath()] = "runs/rft"
+    tasks: Annotated[str | None, ConfigPath()] = None  # task file or directory; None: the shipped tasks
     # the same selection as the command line's --levels/--ids/--names: lists, or comma-separated strings
     levels: list[int] | str | None = None
     ids: list[int] | str | None = None
     names: list[str] | str | None = None  # substring of a name, or a key such as "level1/19_ReLU"
-    samples: int = 8  # candidates per task
-    temperature: float = 0.9  # RFT's sampling settings were not published; these are the paper's RL ones
-    top_p: float = 0.95
-    max_tokens: int = 32768
+    samples: AtLeast1 = 8  # candidates per task
+    temperature: NonNegative = 0.9  # RFT's sampling settings were not published; these are the paper's RL ones
+    top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
+    max_tokens: AtLeast1 = 32768
     backend: str = "auto"  # prompt style and verifier backend: auto | cpu | cuda | triton
     one_shot: bool = True
     seed: int = 0  # sampling seeds and the draw preview
-    concurrency: int = 16  # openai: requests in flight
-    batch_size: int = 8  # hf: sequences generated together
+    concurrency: AtLeast1 = 16  # openai: requests in flight
+    batch_size: AtLeast1 = 8  # hf: sequences generated together
     # VerifyConfig fields. Timing is off by default: RFT keeps correct and legal candidates, whatever their speed;
     # with timing on, the best-only baseline picks the highest reward (the fastest) instead of the first pass.
     verify: dict = field(default_factory=lambda: {"timing_enabled": False})
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
-    preview_epochs: int = 3  # epochs of pool draws simulated for the diversity comparison
+    preview_epochs: AtLeast1 = 3  # epochs of pool draws simulated for the diversity comparison
     pool_draw: str = "cluster"  # as SFT's pool_draw, for the preview
 
     def __post_init__(self):

@@ -13,13 +13,24 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import torch
 import yaml
 from jinja2 import TemplateError
 
-from musacoder.settings import Settings, check_passthrough
-from musacoder.train.data import DataError, Mix, Problem, Record, Source, draw, last_turn_mask, mix
+from musacoder.settings import ConfigPath, Settings, check_passthrough
+from musacoder.train.data import (
+    DataError,
+    Mix,
+    Problem,
+    Record,
+    Source,
+    draw,
+    last_turn_mask,
+    load_eval_sets,
+    mix,
+)
 
 FINAL = "final"  # the output dir's subdirectory holding the trained model and tokenizer
 
@@ -39,17 +50,23 @@ class SFTConfig(Settings):
     """Defaults are the paper's SFT settings (AdamW, lr 1e-5, 3% warm-up, weight decay 0.01, 1 epoch, 40K context);
     its global batch of 256 is per_device_train_batch_size x gradient_accumulation_steps x GPUs."""
 
-    data: list[Source] = field(default_factory=list)
+    data: Annotated[list[Source], ConfigPath()] = field(default_factory=list)
     # families.json of `synth diagnose` (or a JSON {family: weight}): each item's weight is its source's times the
     # mean weight of its records' metadata "families" (train/data.py `mix`); None: sources' weights only
-    family_weights: str | None = None
-    output_dir: str = "runs/sft"
-    model: str | None = None  # a checkpoint directory (or a hub id where the hub is reachable)
+    family_weights: Annotated[str | None, ConfigPath()] = None
+    # Eval sets no training record may copy (any task source: a KernelBench .jsonl, a held-out set; 'builtin': the
+    # shipped tasks). A record that is an eval twin (the same program or computation, or its task id) is refused and
+    # listed in refused.jsonl; [] checks nothing, and says so.
+    eval_sets: Annotated[list[str], ConfigPath()] = field(default_factory=lambda: ["builtin"])
+    eval_detectors: list[str] = field(default_factory=lambda: ["ast", "opgraph"])  # minhash: near-copy text too
+    output_dir: Annotated[str, ConfigPath()] = "runs/sft"
+    # a checkpoint directory (or a hub id where the hub is reachable)
+    model: Annotated[str | None, ConfigPath("model")] = None
     # Instead of `model`: a fresh model of this architecture, `AutoConfig.for_model(**init)` (e.g. model_type:
     # llama, hidden_size: 64, ...), with a byte-level BPE tokenizer of `init_vocab_size` trained on the data.
     init: dict | None = None
     init_vocab_size: int = 1024
-    tokenizer: str | None = None  # default: the model's own
+    tokenizer: Annotated[str | None, ConfigPath("model")] = None  # default: the model's own
     dtype: str = "auto"  # weights as loaded: auto (the checkpoint's) | float32 | bfloat16
     max_length: int = 40960  # longer records are reported and skipped, never cut (a cut answer never ends)
     learning_rate: float = 1e-5
@@ -159,16 +176,40 @@ def _pool_draw(seed: int, by_cluster: bool):
     return PoolDraw()
 
 
-def _write_report(out: Path, m: Mix, problems: list[Problem], rows: list[dict]) -> None:
+def _write_report(out: Path, m: Mix, problems: list[Problem], rows: list[dict], eval_sets: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "problems.jsonl", "w") as f:
         for p in problems:
             f.write(json.dumps({"origin": p.origin, "problem": p.message}) + "\n")
+    with open(out / "refused.jsonl", "w") as f:
+        for r in m.refused:
+            f.write(json.dumps(r) + "\n")
     lengths = [len(ids) for r in rows for ids in r["ids"]]
-    report = {"sources": m.stats, "family_weights": m.family_weights, "problems": len(problems), "items": len(rows),
+    report = {"sources": m.stats, "family_weights": m.family_weights, "eval_sets": eval_sets,
+              "refused_eval_twins": len(m.refused), "problems": len(problems), "items": len(rows),
               "pools": sum(len(r["ids"]) > 1 for r in rows), "records_tokenised": len(lengths),
               "mean_tokens": sum(lengths) / max(len(lengths), 1), "max_tokens": max(lengths, default=0)}
     (out / "data_report.json").write_text(json.dumps(report, indent=2))
+
+
+def _report_refused(m: Mix, eval_sets: list[str], out: Path, shown: int = 5) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    con = Console(stderr=True, soft_wrap=True)
+    if not eval_sets:
+        con.print("[yellow]warning:[/yellow] eval_sets is empty: no record was checked against an eval set (give "
+                  "your KernelBench and held-out task files)")
+        return
+    con.print(f"checked against eval sets {', '.join(map(escape, eval_sets))}: "
+              f"{len(m.refused)} record(s) refused as eval twins")
+    if m.refused:
+        con.print(f"[yellow]warning:[/yellow] {len(m.refused)} record(s) copy an eval task and are not trained on "
+                  f"(all listed in {out / 'refused.jsonl'}):")
+        for r in m.refused[:shown]:
+            con.print(f"  {escape(r['origin'])}: {r['detector']} twin of {escape(r['eval_task'])}")
+        if len(m.refused) > shown:
+            con.print(f"  ... and {len(m.refused) - shown} more")
 
 
 def _report_problems(problems: list[Problem], out: Path, shown: int = 10) -> None:
@@ -228,7 +269,7 @@ def build_trainer(cfg: SFTConfig):
     from transformers import AutoTokenizer
 
     out = Path(cfg.output_dir)
-    m = mix(cfg.data, cfg.seed, cfg.family_weights)
+    m = mix(cfg.data, cfg.seed, cfg.family_weights, load_eval_sets(cfg.eval_sets, cfg.eval_detectors))
     records = [r for item in m.items for r in item]
     if cfg.init is not None:
         tok = _bpe_tokenizer(records, cfg.init_vocab_size)
@@ -258,11 +299,13 @@ def build_trainer(cfg: SFTConfig):
     rows, bad = tokenize_items(m, tok, cfg.max_length)
     problems = m.problems + bad
     if args.process_index == 0:
-        _write_report(out, m, problems, rows)
+        _write_report(out, m, problems, rows, cfg.eval_sets)
+        _report_refused(m, cfg.eval_sets, out)
         _report_problems(problems, out)
     if not rows:
         raise DataError(f"no usable records in {[s.path for s in cfg.data]} ({len(problems)} problems, see "
-                        f"{out / 'problems.jsonl'})")
+                        f"{out / 'problems.jsonl'}; {len(m.refused)} refused as eval twins, see "
+                        f"{out / 'refused.jsonl'})")
     pool_draw = _pool_draw(cfg.seed, cfg.pool_draw == "cluster")
     dataset = Dataset.from_list(rows)
     dataset.set_transform(pool_draw)

@@ -160,6 +160,18 @@ def disown(ref: TensorRef) -> int | None:
 def open_ref(ref: TensorRef) -> torch.Tensor:
     dtype = DTYPE_NAMES[ref.dtype]
     n = math.prod(ref.shape)
+    if ref.kind == "shm" and ref.readonly:
+        # mapped PROT_READ: a write to a candidate's own inputs faults (its process dies) instead of landing; torch
+        # has no read-only from_file, numpy's memmap does, and torch shares its memory
+        import warnings
+
+        import numpy as np
+
+        arr = np.memmap(ref.path, mode="r", dtype=_NUMPY[ref.dtype], shape=(max(n, 1),))[:n].reshape(ref.shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "not writable": that is the point
+            t = torch.from_numpy(arr)
+        return t if t.dtype == dtype else t.view(dtype)  # bfloat16: numpy has none, its bits as uint16
     if ref.kind == "shm":
         return torch.from_file(ref.path, shared=True, size=max(n, 1), dtype=dtype)[:n].view(ref.shape)
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
@@ -167,6 +179,9 @@ def open_ref(ref: TensorRef) -> torch.Tensor:
     return rebuild_cuda_tensor(*[_dec(a) for a in ref.ipc])
 
 
+_NUMPY = {"torch.float32": "float32", "torch.float16": "float16", "torch.float64": "float64", "torch.int64": "int64",
+          "torch.int32": "int32", "torch.int16": "int16", "torch.int8": "int8", "torch.uint8": "uint8",
+          "torch.bool": "bool", "torch.complex64": "complex64", "torch.bfloat16": "uint16"}
 _CLASSES = {"Tensor": torch.Tensor, "UntypedStorage": torch.UntypedStorage, "TypedStorage": torch.TypedStorage}
 
 

@@ -12,6 +12,7 @@ nor change what a later candidate with the same sources loads.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import functools
 import hashlib
@@ -116,8 +117,7 @@ class Builder:
                 # our flock already makes us the only builder of this key.
                 (build_dir / "lock").unlink(missing_ok=True)
                 try:
-                    _compile(extension_api(self.backend.extension_apis[-1]), kind, arguments, f"mc_{key}",
-                             build_dir)
+                    self._compile(kind, arguments, f"mc_{key}", build_dir)
                 except Exception as e:  # the compiler's own text is the useful part
                     msg = str(e)
                     if "Error building extension" in msg:  # the compiler's verdict, not an interrupted build
@@ -128,14 +128,42 @@ class Builder:
         return BuildReply(path=str(so), key=key, cached=cached, seconds=time.perf_counter() - t0,
                           problems=sym.get("problems", []), kernels=sym.get("kernels", []))
 
+    def _compile(self, kind: str, arguments: dict, name: str, build_dir: Path) -> None:
+        """The candidate's build, first with the backend's lighter headers where it has them (CUDA: the `.cu` without
+        torch's umbrella header, docs/verifier.md "Cold builds"). A light build that does not compile is set aside
+        unreported and the candidate's own sources are built, so errors are always those of what it wrote; in the
+        same folder, where ninja keeps what did compile (the bindings' object). `light` in the folder says which
+        build the library is. MUSACODER_PLAIN_BUILDS=1: torch's loader as it is (scripts/cold_build.py's "before")."""
+        api = extension_api(self.backend.extension_apis[-1])
+        if os.environ.get("MUSACODER_PLAIN_BUILDS") == "1":
+            return _compile(api, kind, arguments, name, build_dir)
+        env = self.backend.compiler_env()
+        light = self.backend.light_build(arguments) if kind == "inline" else None
+        if light is not None:
+            try:
+                _compile(api, kind, light, name, build_dir, env)
+                (build_dir / "light").touch()
+                return
+            except Exception as e:
+                if "Error building extension" not in str(e):  # not the compiler's verdict (interrupted): as before
+                    raise
+        _compile(api, kind, arguments, name, build_dir, env)
 
-def _compile(api: ExtensionApi, kind: str, arguments: dict, name: str, build_dir: Path) -> None:
+
+def _compile(api: ExtensionApi, kind: str, arguments: dict, name: str, build_dir: Path,
+             env: dict[str, str] | None = None) -> None:
     """Build without loading: the loader's JIT path with its final import step replaced for this call (musa_extension
-    binds its own name for torch's import step, so it is replaced in the loader's module)."""
+    binds its own name for torch's import step, so it is replaced in the loader's module), `env` set meanwhile (read
+    when the loader writes its ninja file)."""
     real_import = api.module._import_module_from_library
     api.module._import_module_from_library = lambda *a, **k: None
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    # the loader renames a second build of one name with other sources (name_v1); ours are named by their key
+    getattr(api.module, "JIT_EXTENSION_VERSIONER", types.SimpleNamespace(entries={})).entries.pop(name, None)
     try:
-        args = dict(arguments, name=name, build_directory=str(build_dir), verbose=False)
+        # a copy: the loader extends the lists it is given (sources, flags), and a light build's lists are the own's
+        args = copy.deepcopy(dict(arguments, name=name, build_directory=str(build_dir), verbose=False))
         if kind == "files":  # `load`: the subject sent file contents; write them where the build can see them
             files = args.pop("files")
             src_dir = build_dir / "src"
@@ -150,6 +178,11 @@ def _compile(api: ExtensionApi, kind: str, arguments: dict, name: str, build_dir
             api.load_inline(**args)
     finally:
         api.module._import_module_from_library = real_import
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _symbols(so: Path, record: Path, backend: str) -> dict:

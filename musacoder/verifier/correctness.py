@@ -81,27 +81,6 @@ def compare(out, ref, tol: float, rel_l2: float | list | None = None) -> Compari
     return worst
 
 
-def spot_compare(out, ref, tol: float, k: int = 1 << 16, seed: int = 0) -> Comparison:
-    """compare() on k random positions of each large output: what the timed loop checks every iteration. A memoised
-    or stale output for other inputs differs almost everywhere, so a sample catches it at a fraction of the cost."""
-    outs, refs = list(_leaves(out)), list(_leaves(ref))
-    if len(outs) != len(refs) or any(isinstance(r, _TensorType) and (type(o) is not _TensorType or o.shape != r.shape)
-                                     for o, r in zip((x for _, x in outs), (x for _, x in refs))):
-        return compare(out, ref, tol)  # structure problems: let the full comparison describe them
-    for (path, o), (_, r) in zip(outs, refs):
-        if isinstance(r, _TensorType) and r.numel() > k:
-            idx = torch.randint(0, r.numel(), (k,), device=r.device,
-                                generator=torch.Generator(device=r.device).manual_seed(seed))
-            res = compare(o.detach().reshape(-1)[idx], r.detach().reshape(-1)[idx], tol)
-            if not res.ok:
-                return Comparison(False, f"{path} (sampled): " + res.reason.split(" ", 1)[1], res.max_abs, res.mean_abs)
-        else:
-            res = compare(o, r, tol)
-            if not res.ok:
-                return res
-    return Comparison(True)
-
-
 def _compare_tensor(path, o, r, tol, shape, rel_l2=None) -> Comparison:
     """Chunk by chunk, never a full-size temporary (a `(o - r).abs()` of a 6 GB output is 6-12 GB more); the sums
     and counts stay on the device until one read at the end, so a large output costs memory traffic, not a host round

@@ -10,14 +10,15 @@ docs/verifier.md for what a hostile candidate can still forge.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
 import statistics
 import sys
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout, _de
 from musacoder.verifier import buffers, legality, quiet
 from musacoder.verifier.buffers import DTYPE_NAMES
 from musacoder.verifier.build import Builder
-from musacoder.verifier.correctness import Comparison, all_finite, compare, inputs_unchanged, spot_compare
+from musacoder.verifier.correctness import Comparison, all_finite, compare, inputs_unchanged
 from musacoder.verifier.devlock import DeviceLock, stopped_while_waiting
 from musacoder.verifier.inputs import (
     DTYPES,
@@ -52,8 +53,9 @@ from musacoder.verifier.protocol import (
     Timing,
     Trial,
 )
-from musacoder.verifier.quiet import QuietGate
-from musacoder.verifier.timing import LEFT_RUNNING_MS, left_running, paired_speedup, rse
+from musacoder.verifier.stages import stage
+from musacoder.verifier.timing import mean_ratio_interval, rse
+from musacoder.verifier.window import Block, Window
 from musacoder.verifier.zygote import ForkedWorker, Zygote
 
 
@@ -71,7 +73,9 @@ class Subject:
                  zygote: Zygote | None = None):
         ipc = buffers.device_ipc(backend.device_type)
         self.private = buffers.new_dir(role, shared_memory=not ipc)
-        env = {"TMPDIR": str(self.private), "TRITON_CACHE_DIR": str(self.private / "triton"),
+        # the private directory goes in the environment, not argv: argv is readable to every process (cmdline)
+        env = {"MUSACODER_PRIVATE": str(self.private), "TMPDIR": str(self.private),
+               "TRITON_CACHE_DIR": str(self.private / "triton"),
                "TORCHINDUCTOR_CACHE_DIR": str(self.private / "inductor"), "OMP_WAIT_POLICY": "PASSIVE"}
         if threads:
             cpus = sorted(os.sched_getaffinity(0))[:threads]
@@ -79,7 +83,12 @@ class Subject:
                        MUSACODER_CPUS=",".join(map(str, cpus)))
         if not device:
             env[backend.visible_devices_var] = ""
-        argv = ["musacoder.verifier.subject", "--backend", backend.name, "--private", str(self.private)]
+        if ipc and device:
+            # CUDA's IPC handles are documented not to open across PID namespaces (containers need --pid=host), and
+            # this path has not been run on a GPU yet (scripts/pidns_cuda_check.py): a device subject of a CUDA
+            # backend keeps the host's, with Landlock's signal scope and ptrace rule in force
+            env["MUSACODER_OWN_PIDNS"] = "0"
+        argv = ["musacoder.verifier.subject", "--backend", backend.name]
         # CUDA IPC needs write access to the reference counters torch keeps in /dev/shm, and the driver writes under
         # the process's own /proc entry when it initialises (assumed of the MUSA driver too: untried); host buffers
         # are files in the subject's own directory, so without IPC /dev/shm stays closed
@@ -115,6 +124,50 @@ class Subject:
     def call(self, cmd: SubjectCommand, timeout: float, on_build=None) -> SubjectReply:
         return SubjectReply.model_validate(self.proc.call(cmd.model_dump(), timeout, on_build))
 
+    def block(self, cmd: SubjectCommand, timeout: float, on_build=None, spin: bool = False) -> Block:
+        """A timed block (window.py): the command, answered `ready` once the subject has prepared its calls; a bare
+        `go` and `done` around the calls, on this clock; then the reply, once the outputs are read back. The
+        preparation and the read-back are on this clock too (work moved out of the timed stretch shows there). A
+        subject that fails before `done` ends it with its reply. `spin`: poll for `done` without sleeping (a device
+        backend: the judge's own wake-up stays off the clock; never on the cpu, whose cores the subjects use)."""
+        t_cmd = time.perf_counter()
+        ready = self.call(cmd, timeout, on_build)
+        if ready.kind != "ready":
+            return Block(reply=ready)
+        deadline = time.monotonic() + timeout
+        t0 = time.perf_counter()
+        self.proc.conn.send_bytes(b"go")
+        while (msg := self._bare(deadline, spin)) != b"done":  # a build its forward asked for, or its failure
+            answer = json.loads(msg)
+            if "type" not in answer or on_build is None:
+                return Block(reply=SubjectReply.model_validate(answer))
+            self.proc.conn.send_bytes(json.dumps(on_build(answer)).encode())
+        t1 = time.perf_counter()
+        answer = self.proc._recv(max(deadline - time.monotonic(), 0.001))
+        while "type" in answer and on_build is not None:
+            self.proc.conn.send_bytes(json.dumps(on_build(answer)).encode())
+            answer = self.proc._recv(max(deadline - time.monotonic(), 0.001))
+        t2 = time.perf_counter()
+        return Block((t1 - t0) * 1e3, (t0 - t_cmd) * 1e3, (t2 - t1) * 1e3, SubjectReply.model_validate(answer))
+
+    def _bare(self, deadline: float, spin: bool = False) -> bytes:
+        """The next message as it came (`done` is not JSON), waiting until `deadline` and for as long as the process
+        lives."""
+        conn = self.proc.conn
+        spin_until = time.perf_counter() + (1.0 if spin else 0.0)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.proc.kill()
+                raise WorkerTimeout("no answer within the run's time limit")
+            try:
+                if conn.poll(0 if time.perf_counter() < spin_until else min(left, 1.0)):
+                    return conn.recv_bytes()
+            except (EOFError, OSError):
+                pass
+            if time.perf_counter() >= spin_until and not self.proc.alive:
+                self.proc._recv(0.001)  # raises WorkerDied with the process's log tail
+
     def close(self):
         self.proc.kill()
         buffers.remove_dir(self.private)
@@ -124,6 +177,9 @@ class Judge:
     def __init__(self, backend, cache_dir: Path, use_device: bool = True):
         self.backend, self.cache_dir, self.use_device = backend, Path(cache_dir), use_device
         self.builder = Builder(cache_dir, backend)
+        tracer = legality.use_tracer(self.cache_dir)  # before any subject or zygote starts: they inherit it
+        if not legality.dispatcher_traced():
+            print(tracer, file=sys.stderr, flush=True)
         self.device = backend.device() if use_device else torch.device("cpu")
         self.threads = usable_cores() if backend.device_type == "cpu" else None
         # the judge's own buffers (reference outputs): no subject writes here
@@ -149,6 +205,17 @@ class Judge:
         self.spares = deque(self._new_candidate() for _ in range(n))
         self._rates = None
         self._floor: float | None = None
+        self._continued = 0
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            signal.signal(signal.SIGCONT, self._on_continue)
+
+    def _on_continue(self, *_):
+        self._continued += 1
+
+    def continued(self) -> int:
+        """SIGCONTs this process received: it is never stopped on purpose, so a change while timing means another
+        process stopped it (a candidate stopping the judge while the reference is timed lengthens the reference)."""
+        return self._continued
 
     def _new_candidate(self) -> Subject:
         return Subject(self.backend, self.cache_dir, "cand", self.use_device, self.threads, self.zygote)
@@ -223,7 +290,7 @@ class Judge:
         except WorkerTimeout:
             f.timed_out = f"evaluation exceeded {cfg.run_timeout_s:.0f}s (killed)"
         except WorkerDied as e:
-            f.crashed = f"the candidate crashed its process: {str(e)[:500]}"
+            f.crashed = _crash(e, self.backend, 500)
         finally:
             run.close()
         return f
@@ -239,15 +306,20 @@ class _Run:
         self.builds: list[BuildReply] = []
         self.keep: list = []  # (tensor, reference) the judge shared with subjects: alive until the job ends
         self.pool = buffers.new_pool(judge.device)  # where the buffers a candidate can map live (cuda)
-        self.gate: QuietGate | None = None  # while timed on a device: the candidate is stopped between its calls
+        self.trial_call_ms = {"ref": float("inf"), "cand": float("inf")}  # fastest correctness-trial call, handler
 
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
 
     def ccall(self, cmd: SubjectCommand) -> SubjectReply:
-        if self.gate is not None:
-            self.gate.resume()
-        r = self.cand.call(cmd, self.left(), self.j._serve_builds(self.builds))
+        return self.note(self.cand.call(cmd, self.left(), self.j._serve_builds(self.builds)))
+
+    def note(self, r: SubjectReply) -> SubjectReply:
+        """What a candidate's reply says it ran: ops, launches, harness integrity (evidence, summed over the job); and
+        what it had built meanwhile, with the symbols refused in any of it: a build asked for after import (in
+        __init__ or forward) is judged like one at import (a BLAS call built lazily was `ok` before 2026-11-28)."""
+        self.f.builds = [_record(b) for b in self.builds]
+        self.f.symbol_problems = sorted({p for b in self.builds for p in b.problems})
         self.f.ops.update({k: self.f.ops.get(k, 0) + v for k, v in r.ops.items()})
         self.f.launches += r.launches
         self.f.launch_names = sorted(set(self.f.launch_names) | set(r.launch_names))
@@ -268,10 +340,10 @@ class _Run:
         if timed:
             alone = self.cfg.timing.exclusive or not job.device_lock
             pid = self.cand.pid if job.device_lock else None  # stopped while this judge waits for the device
-            with stopped_while_waiting(pid, lock.exclusive() if alone else lock.shared()), _stage(f, "timing"):
+            with stopped_while_waiting(pid, lock.exclusive() if alone else lock.shared()), stage(f, "timing"):
                 again = self.time_ab(alone)
             if again:
-                with stopped_while_waiting(pid, lock.exclusive("retime_wait")), _stage(f, "retime"):
+                with stopped_while_waiting(pid, lock.exclusive("retime_wait")), stage(f, "retime"):
                     self.time_ab(alone=True)
             f.illegal_ops = legality.OpTrace.illegal_names(f.ops, self.j.backend.torch_namespaces)
             self.count_processes()
@@ -279,7 +351,7 @@ class _Run:
     def checks(self, job: EvaluateJob) -> bool:
         """Load, import, correctness and profile; whether the candidate is to be timed."""
         f, cfg = self.f, self.cfg
-        with _stage(f, "load_task"):
+        with stage(f, "load_task"):
             try:
                 self.task = load_module(job.task_code, "task", self.j.cache_dir)
                 r = self.rcall(SubjectCommand(op="load", task_code=job.task_code))
@@ -291,16 +363,15 @@ class _Run:
         if cfg.timing_enabled and self.j.device.type != "cpu":
             quiet.calibrate(self.j.device, self.j.backend.synchronize)  # before this job's candidate exists
         try:
-            with _stage(f, "subject_wait"):  # none if a spare was ready: what a judge waits for a candidate process
+            with stage(f, "subject_wait"):  # none if a spare was ready: what a judge waits for a candidate process
                 self.cand = self.j._take_candidate()
         except WorkerDied as e:  # ours, not the candidate's: it has not run yet
             f.infra_error = f"no candidate process could be started: {e}"
             return False
         f.sandbox, f.candidate_pid = self.cand.proc.hello.get("sandbox", ""), self.cand.pid
-        with _stage(f, "import"):
+        f.tracer = self.cand.proc.hello.get("tracer", "")
+        with stage(f, "import"):
             r = self.ccall(SubjectCommand(op="load", task_code=job.task_code, candidate_code=job.candidate_code))
-        f.builds = [_record(b) for b in self.builds]
-        f.symbol_problems = sorted({p for b in self.builds for p in b.problems})
         if not r.ok:
             if r.kind == "build":
                 f.compile_error = r.error
@@ -309,15 +380,15 @@ class _Run:
             return False
         if f.symbol_problems:
             return False  # illegal whatever it computes: nothing more to run
-        with _stage(f, "correctness"):
+        with stage(f, "correctness"):
             ok = self.trials(job.task_key)
         f.illegal_ops = legality.OpTrace.illegal_names(f.ops, self.j.backend.torch_namespaces)
         self.count_processes()
-        if not ok or f.integrity or f.illegal_ops or f.processes_spawned:
+        if not ok or f.integrity or f.illegal_ops or f.processes_spawned or f.symbol_problems:
             return False
         passed = all(t.passed for t in f.trials) and self.base is not None
         if passed and self.j.backend.device_type != "cpu":
-            with _stage(f, "profile"):
+            with stage(f, "profile"):
                 r = self.ccall(SubjectCommand(op="profile", shape_key=self.base["key"], inputs=self.base["in"],
                                               own_kernels=[k for b in self.builds for k in b.kernels]))
                 f.profile, f.profile_error = r.profile, ("" if r.ok else r.error[-500:])
@@ -372,7 +443,7 @@ class _Run:
         for i, (order, kind, shape, seed, transform) in enumerate(self.plan()):
             base_trial = kind == "seed"
             try:
-                with _stage(f, "trial_inputs"):
+                with stage(f, "trial_inputs"):
                     raw = raw_inputs(self.task, shape, seed, self.j.device)
                     layout = _layout(raw, cfg.precision)
                     b = bufs.get(shape.key)
@@ -382,11 +453,12 @@ class _Run:
                     else:
                         self.fill(b, raw, seed, transform)
                     del raw  # the task's own tensors: only the judge's buffers stay
-                with _stage(f, "trial_reference"):
-                    r = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in"],
+                with stage(f, "trial_reference"):
+                    r = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in_ref"],
                                                   outputs=b["ref_refs"]))
                 if not r.ok:
                     raise RuntimeError(r.error)
+                self.trial_call_ms["ref"] = min(self.trial_call_ms["ref"], r.seconds * 1e3)
                 ref_vals = _fill_values(b["ref_out"], r.spec)
             except BaseException as e:
                 if base_trial:
@@ -412,15 +484,15 @@ class _Run:
             if not built[shape.key]:
                 trial.reason = "constructing ModelNew failed"
                 continue
-            with _stage(f, "trial_checks"):
+            with stage(f, "trial_checks"):
                 pristine = clone_tree(b["shared"])
             try:
-                with _stage(f, "trial_candidate"):
+                with stage(f, "trial_candidate"):
                     r = self.call_candidate(shape, b, trial)
             except WorkerDied as e:  # this trial crashed it (a bound hard-coded for another shape): a failed trial
-                trial.error = trial.reason = f"the candidate crashed its process: {str(e)[:300]}"
+                trial.error = trial.reason = _crash(e, self.j.backend, 300)
                 return True  # the trials run so far stand; nothing more can run
-            with _stage(f, "trial_checks"):
+            with stage(f, "trial_checks"):
                 # checked before the comparison, so the copy is gone before the comparison's temporaries exist
                 changed = inputs_unchanged(pristine, b["shared"]) if r is not None else None
                 del pristine
@@ -441,12 +513,12 @@ class _Run:
                     if kept is not None:
                         kept.copy_(o)
                 first = _fill_values(b["ref_out"], r.spec)
-                with _stage(f, "trial_candidate"):
+                with stage(f, "trial_candidate"):
                     again = self.call_candidate(shape, b, trial)
                 if again is None:  # raising instead of answering must not skip the check
                     res.ok, res.reason = False, "the second run on the same inputs raised: " + trial.reason
                 else:
-                    with _stage(f, "trial_checks"):
+                    with stage(f, "trial_checks"):
                         again = self.check(again, b, first, tol, None)
                     if not again.ok:
                         res.ok, res.reason = False, "two runs on the same inputs disagree: " + again.reason
@@ -466,7 +538,7 @@ class _Run:
         gives ~1e-6 of rounding noise), an honest kernel cannot be nearer to it than the noise, and a more accurate
         one is farther. Each output's bound becomes max(rel, COND_FACTOR x that error); atol still holds for every
         element. The reference measures its error in its own process on inputs it makes itself."""
-        with _stage(self.f, "trial_conditioning"):
+        with stage(self.f, "trial_conditioning"):
             c = self.rcall(SubjectCommand(op="conditioning", shape_key=shape.key, overrides=shape.overrides,
                                           input_seed=seed, transform=transform, precision=self.cfg.precision))
         own = c.rel_errors[res.leaf] if c.ok and res.leaf < len(c.rel_errors) else None
@@ -486,10 +558,9 @@ class _Run:
         r = self.rcall(self._model_cmd(shape))
         if not r.ok:
             raise RuntimeError(r.error)
-        shared, in_refs = self.share_inputs(layout, within)
-        b = {"shared": shared, "in": in_refs, "layout": layout}
+        b = {"layout": layout, **self.share_inputs(layout, within)}
         self.fill(b, raw, seed, transform)
-        spec = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=in_refs))
+        spec = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in_ref"]))
         if not spec.ok:
             raise RuntimeError(spec.error)
         ref_out, ref_refs = self.alloc_outputs(spec.spec, False,
@@ -501,9 +572,13 @@ class _Run:
 
     def fill(self, b: dict, raw: list, seed: int, transform: str = ""):
         """A trial's input values (raw_inputs' tensors, the float variant applied, in the precision) written into the
-        shared buffers a slice at a time; then wait for the copy: the subjects read them from other processes, which no
-        stream orders after this one (unsynchronised, they saw the previous trial's inputs on large tensors)."""
-        fill_inputs(b["shared"], raw, seed, self.j.device, self.cfg.precision, transform)
+        reference's copy of the inputs a slice at a time, then copied into the candidate's; then wait for the copy:
+        the subjects read them from other processes, which no stream orders after this one (unsynchronised, they saw
+        the previous trial's inputs on large tensors)."""
+        fill_inputs(b["shared_ref"], raw, seed, self.j.device, self.cfg.precision, transform)
+        for c, r in zip(b["shared"], b["shared_ref"]):  # the candidate's copy from the one it cannot map
+            if isinstance(c, torch.Tensor):
+                c.copy_(r)
         self.j.backend.synchronize()
 
     def _model_cmd(self, shape: Shape) -> SubjectCommand:
@@ -527,6 +602,7 @@ class _Run:
             trial.error, trial.reason = r.error, _last_line(r.error)
             self.f.fatal = self.f.fatal or r.fatal
             return None
+        self.trial_call_ms["cand"] = min(self.trial_call_ms["cand"], r.seconds * 1e3)
         return r
 
     def check(self, r: SubjectReply, b: dict, expected, tol, rel) -> Comparison:
@@ -539,165 +615,112 @@ class _Run:
             return compare(got[0], expected[0], tol, rel)
         return compare(got, expected, tol, rel)
 
-    def share_inputs(self, layout: list, within: dict | None = None):
-        """Buffers for the inputs in the candidate's directory (both subjects map them), or views of `within`'s."""
+    def share_inputs(self, layout: list, within: dict | None = None) -> dict:
+        """Input buffers of one shape, twice: the candidate's copy ("shared", refs "in": in its own directory or
+        memory pool, read-only to it where the platform allows) and the reference's ("shared_ref", "in_ref": in the
+        judge's, which the candidate cannot map), so nothing the candidate or a process it left behind writes reaches
+        the reference's inputs; or views of `within`'s."""
+        out = {}
+        for side, tensors, refs in (("cand", "shared", "in"), ("ref", "shared_ref", "in_ref")):
+            views = None if within is None else (within[tensors], within[refs])
+            out[tensors], out[refs] = self.share(layout, side, views)
+        return out
+
+    def share(self, layout: list, side: str, within: tuple | None = None) -> tuple[list, list]:
+        """One copy of a set of inputs for `side` ("cand" or "ref"): the judge's tensors and what the subject opens."""
         shared, refs = [], []
         for k, entry in enumerate(layout):
-            if entry[0] == "tensor":
-                _, shp, dtype = entry
-                got = None
-                if within is not None and k < len(within["shared"]) and isinstance(within["shared"][k], torch.Tensor):
-                    got = buffers.prefix_view(within["shared"][k], TensorRef.model_validate(within["in"][k]), shp,
-                                              dtype)
-                t, ref = got or buffers.alloc(shp, dtype, self.j.device, self.cand.private, self.pool)
-                shared.append(t)
-                refs.append(ref.model_dump())
-                self.keep.append((t, ref))
-            else:
+            if entry[0] != "tensor":
                 shared.append(entry[1])
                 refs.append(entry[1])
+                continue
+            _, shp, dtype = entry
+            got = None
+            if within is not None and k < len(within[0]) and isinstance(within[0][k], torch.Tensor):
+                got = buffers.prefix_view(within[0][k], TensorRef.model_validate(within[1][k]), shp, dtype)
+            t, ref = got or self.alloc_buffer(shp, dtype, candidate=side == "cand")
+            ref.readonly = side == "cand" and ref.kind == "shm"  # its own copy: a write faults, it cannot land
+            shared.append(t)
+            refs.append(ref.model_dump())
         return shared, refs
+
+    def alloc_buffer(self, shape, dtype: torch.dtype, candidate: bool) -> tuple[torch.Tensor, TensorRef]:
+        """A buffer the judge owns, kept until the job ends: in the candidate's directory or memory pool when the
+        candidate is to map it, else in the judge's own."""
+        directory, pool = (self.cand.private, self.pool) if candidate else (self.j.dir, None)
+        t, ref = buffers.alloc(shape, dtype, self.j.device, directory, pool)
+        self.keep.append((t, ref))
+        return t, ref
 
     def alloc_outputs(self, spec: OutputSpec, candidate: bool, within: tuple | None = None):
         """Output buffers of the reference (the judge's own) or of the candidate (in its pool)."""
-        directory, pool = (self.cand.private, self.pool) if candidate else (self.j.dir, None)
         outs, refs = [], []
         for k, leaf in enumerate(spec.leaves):
             if leaf["tensor"]:
                 got = None
                 if within is not None and k < len(within[0]) and within[0][k] is not None:
                     got = buffers.prefix_view(within[0][k], within[1][k], leaf["shape"], DTYPE_NAMES[leaf["dtype"]])
-                t, ref = got or buffers.alloc(leaf["shape"], DTYPE_NAMES[leaf["dtype"]], self.j.device, directory,
-                                              pool)
+                t, ref = got or self.alloc_buffer(leaf["shape"], DTYPE_NAMES[leaf["dtype"]], candidate)
                 outs.append(t)
                 refs.append(ref)
-                self.keep.append((t, ref))
             else:
                 outs.append(None)
                 refs.append(None)
         return outs, refs
 
     # ---- timing ----------------------------------------------------------------------------------------------------
-    def time_ab(self, alone: bool = True):
-        """Candidate and reference alternate on fresh inputs each iteration, timed by the judge's clock; `alone`:
-        no other judge's kernels can run on the device meanwhile. True: the device stayed busy after its turns beside
-        them, to be timed again alone."""
-        f, cfg, tc, b = self.f, self.cfg, self.cfg.timing, self.base
-        backend = self.j.backend
-        compiled = "compile" in tc.baselines
-        if compiled:
-            r = self.rcall(SubjectCommand(op="build_model", shape_key="compiled", weight_seed=self.weight_seed,
-                                          precision=cfg.precision, compiled=True))
-            compiled = r.ok and self.rcall(SubjectCommand(op="run", shape_key="compiled", inputs=b["in"])).ok
-        ref_ms, cand_ms, comp_ms = [], [], []
-        ref_inside: list[float] = []  # the reference's own time in its handler: what of a call is not messaging
-        self.j.settle()
-        floor = self.floor()
-        tol = cfg.tolerance()
-        t_begin = time.perf_counter()
-        idle = _IdleCpu(self.cand.pid)
-        if self.j.device.type != "cpu":
-            self.gate = QuietGate(self.cand.pid, self.j.device, backend.synchronize)
-        i = 0
-        try:
-            while True:
-                seed = self.rng.randrange(1, 2**31)
-                fresh = raw_inputs(self.task, Shape(), seed, self.j.device)
-                self.fill(b, fresh, seed)
-                del fresh  # before the next iteration's are generated
-                self.poison_outputs(b)  # a stale output (or none) fails the spot check below
-                arms = [("ref", ref_ms), ("cand", cand_ms)] + ([("comp", comp_ms)] if compiled else [])
-                for arm, samples in arms:
-                    if tc.l2_flush:
-                        backend.flush_cache()
-                    backend.synchronize()
-                    cmd = SubjectCommand(op="run", shape_key="compiled" if arm == "comp" else b["key"],
-                                         inputs=b["in"], outputs=b["cand_refs"] if arm == "cand" else b["ref_refs"])
-                    if arm == "cand":
-                        idle.stop()
-                    t0 = time.perf_counter()
-                    r = self.ccall(cmd) if arm == "cand" else self.rcall(cmd)
-                    ms = (time.perf_counter() - t0) * 1e3
-                    if not r.ok:
-                        raise RuntimeError(r.error)
-                    if arm == "cand":
-                        idle.start()  # from its reply to its next request, the candidate's process must not compute
-                        if self.gate is not None:
-                            self.gate.stop()
-                    if self.gate is not None and arm != "comp":  # the next arm starts on a quiet device
-                        self.gate.wait(arm)
-                    if i >= tc.warmup:
-                        samples.append(ms)
-                        if arm == "ref":
-                            ref_inside.append(r.seconds * 1e3)
-                reason = _spot(b, tol, self.rng)
-                if reason:
-                    f.spot_check = f"timed iteration {i}: {reason}"
-                    return
-                i += 1
-                n = len(cand_ms)
-                if n >= tc.max_reps:
-                    break
-                if n >= tc.min_reps and (max(rse(s) for s in (ref_ms, cand_ms, comp_ms) if s) < tc.rse_target
-                                         or time.perf_counter() - t_begin > tc.budget_s):
-                    break
-        except (WorkerTimeout, WorkerDied):
-            raise
-        except BaseException as e:
-            f.timing_error = str(e)[-2000:]
-            return
-        finally:
-            if self.gate is not None:
-                self.gate.resume()
-        idle.stop()
-        waits = None
-        if self.gate is not None:
-            waits = self.gate.waits
-            quiet_after_kill = None
-            if waits["cand"] and statistics.median(waits["cand"]) > LEFT_RUNNING_MS:  # busy after its turns: whose?
-                if not alone:  # its work or the neighbours'? Asked after the window, its leftovers would have drained:
-                    # timed again alone instead (`go`)
-                    self.gate = None
-                    return True
-                self.close_candidate()
-                quiet_after_kill = self.gate.quiet_now()
-            f.busy_after_return = left_running(waits["cand"], waits["ref"], quiet_after_kill)
-            self.gate = None
-            if f.busy_after_return:
-                return
-        if self.j.backend.device_type == "cpu" and idle.busy(sum(ref_ms) / 1e3):
-            f.busy_after_return = (f"the candidate process used {idle.ns / 1e6:.1f} ms of CPU after forward returned, "
-                                   "while the reference was timed (work left running in the background)")
-            return  # illegal: no speed to report
-        sp, lo, hi = paired_speedup(ref_ms, cand_ms, self.rng)
-        cms = statistics.median(cand_ms)
-        f.timing = Timing(candidate_ms=cms, reference_ms=statistics.median(ref_ms), speedup=sp, speedup_low=lo,
-                          speedup_high=hi, rse=rse(cand_ms), reps=len(cand_ms), floor_ms=floor,
-                          threads=self.j.threads, reference_handler_ms=statistics.median(ref_inside),
-                          quiet_wait_ms=None if not waits else [round(statistics.median(waits[a]), 4)
-                                                                for a in ("cand", "ref")],
-                          compile_ms=statistics.median(comp_ms) if comp_ms else None,
-                          compile_speedup=statistics.median(comp_ms) / cms if comp_ms else None)
-        f.bytes = tensor_bytes(b["shared"]) + tensor_bytes(b["ref_out"])
-        r = self.rcall(SubjectCommand(op="flops", shape_key=b["key"], inputs=b["in"]))
-        f.flops = r.flops if r.ok else 0.0
+    def time_ab(self, alone: bool = True) -> bool:
+        """The timing window (window.py, or each subject timing itself: timing.method kernelbench), then what the
+        speed-of-light estimate needs. `alone`: no other judge's kernels can run on the device meanwhile. True: the
+        device stayed busy after the candidate's blocks beside them, to be timed again alone."""
+        if self.cfg.timing.method == "kernelbench":
+            self.time_in_process()
+        elif Window(self, alone).go():
+            return True
+        if self.f.timing is None:
+            return False
+        b = self.base
+        self.f.bytes = tensor_bytes(b["shared"]) + tensor_bytes(b["ref_out"])
+        r = self.rcall(SubjectCommand(op="flops", shape_key=b["key"], inputs=b["in_ref"]))
+        self.f.flops = r.flops if r.ok else 0.0
         if self.j._rates is None:
-            self.j._rates = backend.peak_rates()
-        f.rates = self.j._rates
+            self.j._rates = self.j.backend.peak_rates()
+        self.f.rates = self.j._rates
+        return False
+
+    def time_in_process(self):
+        """KernelBench's method (timing.method kernelbench): each subject times its own model on the base trial's
+        inputs with device events (host clock on the cpu), means compared. Comparable with published fast_p
+        figures; not tamper-proof, since the candidate's process reports its own time."""
+        b, tc = self.base, self.cfg.timing
+        cmd = dict(op="kb_time", shape_key=b["key"], trials=max(tc.max_reps, 1))
+        times = {}
+        for side in ("ref", "cand"):
+            r = (self.ccall if side == "cand" else self.rcall)(
+                SubjectCommand(**cmd, inputs=b["in"] if side == "cand" else b["in_ref"]))
+            if not r.ok:
+                self.f.timing_error = r.error
+                return
+            times[side] = r.times_ms
+        ref, cand = statistics.fmean(times["ref"]), statistics.fmean(times["cand"])
+        lo, hi = mean_ratio_interval(times["ref"], times["cand"], self.rng)
+        self.f.timing = Timing(method="kernelbench", candidate_ms=cand, reference_ms=ref, speedup=ref / cand,
+                               speedup_low=lo, speedup_high=hi, rse=rse(times["cand"]), reps=len(times["cand"]),
+                               floor_ms=0.0, threads=self.j.threads)
 
     def floor(self) -> float:
-        """The protocol's own cost: median round trip of a ping to the clean reference subject."""
+        """The protocol's own cost: median round trip of a block of no calls to the clean reference subject."""
         if self.j._floor is None:
-            ts = []
-            for _ in range(20):
-                t0 = time.perf_counter()
-                self.rcall(SubjectCommand(op="ping"))
-                ts.append((time.perf_counter() - t0) * 1e3)
-            self.j._floor = statistics.median(ts)
+            ref, cmd = self.j._reference(), SubjectCommand(op="block", shape_key=self.base["key"], sets=[])
+            self.j._floor = statistics.median(ref.block(cmd, self.left(), spin=self.j.device.type != "cpu").ms
+                                              for _ in range(10))
         return self.j._floor
 
+    def idle_cpu(self) -> _IdleCpu:
+        return _IdleCpu(self.cand.pid)
+
     def release_reference(self, ref: Subject):
-        with _stage(self.f, "close_reference_release"):
+        with stage(self.f, "close_reference_release"):
             try:
                 ref.call(SubjectCommand(op="release"), 60)
             except (WorkerDied, WorkerTimeout):
@@ -710,12 +733,12 @@ class _Run:
         allocated and the worker is recycled (~10 s). Ask first; a candidate that ignores it costs that."""
         f = self.f
         if buffers.device_ipc(self.j.device.type) and self.cand.proc.alive:
-            with _stage(f, "close_candidate_release"):
+            with stage(f, "close_candidate_release"):
                 try:
                     self.cand.call(SubjectCommand(op="release"), 5)
                 except Exception:  # anything the candidate sends back or does here only costs a recycle
                     pass
-        with _stage(f, "close_candidate_exit"):
+        with stage(f, "close_candidate_exit"):
             self.cand.close()  # kills its process tree and waits (up to 10 s) until it is gone
         self.cand = None
 
@@ -735,7 +758,7 @@ class _Run:
             self.close_candidate()
         if releasing is not None:
             releasing.join()
-        with _stage(f, "close_free"):
+        with stage(f, "close_free"):
             if buffers.device_ipc(self.j.device.type):
                 # Both subjects have let go or are dead now: their counts go to 0 (buffers.disown says why), so the
                 # buffers are freed below instead of held until the worker is recycled.
@@ -753,14 +776,12 @@ class _Run:
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------------------
-@contextmanager
-def _stage(facts: Facts, name: str):
-    """Seconds spent in `name`, summed when it is entered again (the trials' parts, once per trial)."""
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        facts.stage_seconds[name] = round(facts.stage_seconds.get(name, 0.0) + time.perf_counter() - t0, 4)
+def _crash(e: WorkerDied, backend, limit: int) -> str:
+    """Why a candidate's process died, with the likely cause where the platform makes one likely."""
+    why = f"the candidate crashed its process: {str(e)[:limit]}"
+    if "SIGSEGV" in str(e) and not buffers.device_ipc(backend.device_type):
+        why += " (its inputs are mapped read-only: writing to them faults)"
+    return why
 
 
 def _record(b: BuildReply) -> dict:
@@ -819,11 +840,6 @@ COND_FACTOR = 4.0
 _TRANSFORM_LABELS = {"": "", "sign": ", sign-symmetric inputs", "neg": ", negative inputs", "pos": ", positive inputs",
                      "negfew": ", positive inputs but a few negative lines",
                      "posfew": ", negative inputs but a few positive lines"}
-
-
-def _spot(b: dict, tol: float, rng: random.Random) -> str:
-    res = spot_compare(b["cand_out"], b["ref_out"], tol, seed=rng.randrange(1, 2**31))
-    return "" if res.ok else res.reason
 
 
 class _IdleCpu:

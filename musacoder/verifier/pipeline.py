@@ -39,7 +39,7 @@ def _decide_status(v: Verdict, cfg, static, prebuild, f: Facts) -> None:
     if prebuild and prebuild.get("symbol_problems"):
         return done(Status.ILLEGAL, "native code " + "; ".join(prebuild["symbol_problems"][:5]))
     v.stage_seconds.update(f.stage_seconds)
-    v.details.update({k: v_ for k, v_ in (("sandbox", f.sandbox), ("builds", f.builds),
+    v.details.update({k: v_ for k, v_ in (("sandbox", f.sandbox), ("tracer", f.tracer), ("builds", f.builds),
                                           ("launch_names", f.launch_names), ("worker_pid", f.worker_pid),
                                           ("candidate_pid", f.candidate_pid)) if v_})
     if f.infra_error:
@@ -78,7 +78,10 @@ def _decide_status(v: Verdict, cfg, static, prebuild, f: Facts) -> None:
     failed = [t for t in trials if not t.passed]
 
     if f.processes_spawned:
-        return done(Status.ILLEGAL, f"the candidate started {f.processes_spawned} process(es); they were killed")
+        n = f.processes_spawned
+        return done(Status.ILLEGAL, f"the candidate started {'a process' if n == 1 else f'{n} processes'} that "
+                    f"{'was' if n == 1 else 'were'} still running after forward returned (a double fork, setsid or a "
+                    "cleared subreaper flag does not take one out of the candidate's process tree); killed with it")
     if f.busy_after_return:
         return done(Status.ILLEGAL, f.busy_after_return)
     if v.illegal_ops:
@@ -109,6 +112,11 @@ def _decide_status(v: Verdict, cfg, static, prebuild, f: Facts) -> None:
         lo, hi = v.details["speedup_interval"]
         if lo <= 1.0 <= hi:
             v.reason += f" (within noise: 95% interval {lo:.2f}-{hi:.2f})"
+        if f.timing.outside_included:
+            v.reason += ("; it spent clearly longer than the reference preparing its calls or reading its outputs "
+                         "back: timed with that time included")
+        if f.timing.method == "kernelbench":
+            v.reason += "; timed by KernelBench's method in each process (comparable, not tamper-proof)"
     if v.sol_flag:
         v.reason += f"; FLAG: faster than the speed-of-light estimate ({v.sol_ms:.4g} ms)"
 
@@ -118,9 +126,11 @@ def _apply_timing(v: Verdict, cfg, f: Facts) -> None:
     v.candidate_ms, v.timing_rse, v.timing_reps = t.candidate_ms, t.rse, t.reps
     v.eager_ms, v.speedup_eager = t.reference_ms, t.speedup
     v.compile_ms, v.speedup_compile = t.compile_ms, t.compile_speedup
-    v.details.update(speedup_interval=[round(t.speedup_low, 4), round(t.speedup_high, 4)],
-                     timer_floor_ms=t.floor_ms, threads=t.threads, reference_handler_ms=t.reference_handler_ms,
-                     quiet_wait_ms=t.quiet_wait_ms)
+    v.details.update(speedup_interval=[round(t.speedup_low, 4), round(t.speedup_high, 4)], timing_method=t.method,
+                     graphs=t.graphs, calls_per_block=t.calls, timer_floor_ms=t.floor_ms, threads=t.threads,
+                     reference_self_ms=t.reference_self_ms, outside_ms=t.outside_ms,
+                     outside_included=t.outside_included, quiet_wait_ms=t.quiet_wait_ms)
     if f.rates:
         v.sol_ms = speed_of_light_ms(f.bytes, f.flops, f.rates)
+        v.details["roofline"] = {"bytes": f.bytes, "flops": f.flops, **f.rates}  # which term sets it (feedback.py)
         v.sol_flag = bool(v.candidate_ms < cfg.timing.sol_margin * v.sol_ms)

@@ -29,6 +29,7 @@ class TensorRef(Msg):
     dtype: str
     path: str = ""  # shm
     ipc: list[Any] = Field(default_factory=list)  # cuda: torch's storage sharing tuple, bytes as base64
+    readonly: bool = False  # shm: mapped read-only (a candidate's inputs: a write faults instead of landing)
 
 
 class OutputSpec(Msg):
@@ -67,11 +68,13 @@ class Hello(Msg):
     type: Literal["hello"] = "hello"
     pid: int
     sandbox: str
+    tracer: str = ""  # which op tracer its forwards run under (legality.tracer_kind)
 
 
 # ---- subject commands and replies ----------------------------------------------------------------------------
 class SubjectCommand(Msg):
-    op: Literal["load", "build_model", "run", "conditioning", "profile", "flops", "ping", "release", "exit"]
+    op: Literal["load", "build_model", "run", "block", "kb_time", "conditioning", "profile", "flops", "ping", "release",
+                "exit"]
     # load
     task_code: str = ""
     candidate_code: str = ""  # empty: this subject runs the reference
@@ -85,6 +88,13 @@ class SubjectCommand(Msg):
     inputs: list[Any] = Field(default_factory=list)  # TensorRef dicts or plain values, in get_inputs order
     outputs: list[TensorRef | None] | None = None  # where to copy the output leaves; None: report the spec only
     poison_bytes: int = 0
+    # block: forward on each input set in turn, back to back, between a bare `go` and `done` (judge.time_ab); `sets`
+    # given once a window (None: the previous block's sets), `outputs` one [calls, ...] buffer per output leaf, each
+    # call's output copied into its row after `done` (None: nothing read back)
+    sets: list[list[Any]] | None = None
+    graph: bool = False  # capture the calls as a CUDA graph when the sets arrive, and replay it (where it captures)
+    # kb_time: KernelBench's own timing of `inputs` in this process (warm-up, then `trials` timed calls)
+    trials: int = 0
     # conditioning (reference only): the trial's inputs made again inside the reference's own process
     input_seed: int = 0
     transform: str = ""
@@ -106,6 +116,13 @@ class SubjectReply(Msg):
     flops: float = 0.0
     seconds: float = 0.0
     rel_errors: list[float | None] = Field(default_factory=list)  # conditioning: per output leaf
+    # block: the subject's own clock from `go` to `done`; the first call whose output does not fit the buffers (-1:
+    # none); how often this process was continued after a stop (SIGCONT) since it started
+    self_ms: float = 0.0
+    misfit: int = -1
+    graphed: bool = False  # block: the calls run as a captured CUDA graph
+    continued: int = 0
+    times_ms: list[float] = Field(default_factory=list)  # kb_time: each timed call
 
 
 class BuildRequest(Msg):
@@ -194,24 +211,32 @@ class Trial(Msg):
 
 
 class Timing(Msg):
-    """A/B timing in one window: candidate and reference alternate on the same fresh inputs, timed by the judge's
-    clock around each call (forward, output copy, device sync and the message round trip)."""
+    """One timing window. `method` judge: rounds of one block per arm (secret order), each block a run of `calls`
+    back-to-back forwards on distinct fresh input sets timed by the judge's clock, outputs read back after it and
+    checked; times are per call (block / calls). kernelbench: each subject timed itself (not tamper-proof)."""
 
+    method: str = "judge"
+    graphs: bool = False  # each block replayed its calls as a CUDA graph (both sides)
     candidate_ms: float
     reference_ms: float
     compile_ms: float | None = None
     speedup: float
-    speedup_low: float  # 95% bootstrap interval of the speedup over paired iterations
+    speedup_low: float  # 95% bootstrap interval of the speedup over paired rounds
     speedup_high: float
     compile_speedup: float | None = None
     rse: float
-    reps: int
-    floor_ms: float  # round trip of a clean subject doing nothing: the protocol's own cost
+    reps: int  # rounds counted
+    calls: int = 1  # calls a block
+    floor_ms: float  # round trip of a block of no calls to the clean reference subject: the protocol's own cost
     threads: int | None = None  # cpu: threads each side used
-    # median time the reference spent in its handler (forward, output copy, device sync), as it reports it: the rest
-    # of reference_ms is the protocol (messages, waking the process)
-    reference_handler_ms: float | None = None
-    # device: median ms the quiet gate waited after the candidate's replies, and after the reference's (quiet.py)
+    # the reference's own clock over its blocks, per call: the rest of reference_ms is the round trip
+    reference_self_ms: float | None = None
+    # median ms a block spent outside its timed stretch (preparing before `ready`, reading its outputs back after
+    # `done`), candidate and reference; when the candidate's is clearly longer, the speedup counts that time on both
+    # sides (`outside_included`): work moved out of the timed stretch is paid for
+    outside_ms: list[float] | None = None
+    outside_included: bool = False
+    # device: median ms the quiet gate waited after the candidate's blocks, and after the reference's (quiet.py)
     quiet_wait_ms: list[float] | None = None
 
 
@@ -245,6 +270,7 @@ class Facts(Msg):
     flops: float = 0.0
     rates: dict | None = None
     sandbox: str = ""
+    tracer: str = ""
     recycle: bool = False
     worker_pid: int | None = None
     candidate_pid: int | None = None

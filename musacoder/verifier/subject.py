@@ -24,37 +24,56 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True)
     ap.add_argument("--backend", required=True)
-    ap.add_argument("--private", required=True)
     ap.add_argument("--sandbox", action="store_true")
     ap.add_argument("--writable", action="append", default=[], help="another directory the sandbox may write")
     ap.add_argument("--no-device", action="store_true", help="import only (compile tier): never touch the device")
     args = ap.parse_args(argv)
+    # its private directory comes in the environment: any process may read another's argv (/proc/PID/cmdline), not
+    # the environment of one that is non-dumpable (the reference) or in another sandbox (a candidate)
+    private = os.environ["MUSACODER_PRIVATE"]
     cpus = os.environ.get("MUSACODER_CPUS")
     if cpus and hasattr(os, "sched_setaffinity"):  # both subjects pinned to the same cores: timings comparable
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-    sandbox = "none (trusted subject)"
-    from musacoder.verifier.sandbox import hide_process, restrict_writes
+    from musacoder.pool.worker import adopt_orphans_and_follow_parent
+    from musacoder.verifier.sandbox import hide_process, own_namespace, restrict_writes
 
+    adopt_orphans_and_follow_parent()
+    pid, sandbox = os.getpid(), "none (trusted subject)"
     if args.sandbox:  # before any import can start a thread
+        # from here on PID 1 of its own namespace (the process started stays behind as its waiter); `pid` is how the
+        # judge sees it
+        pid, isolated, tmp = (own_namespace(private) if os.environ.get("MUSACODER_OWN_PIDNS") != "0" else
+                              (os.getpid(), "no pid namespace (CUDA IPC buffers: not yet run across PID namespaces on "
+                               "a GPU): a process it starts could leave its tree", []))
         # realpath: /proc/self names this process's own entry only once resolved here
-        sandbox = restrict_writes(args.private, [os.path.realpath(p) for p in args.writable])
+        sandbox = restrict_writes(private, [os.path.realpath(p) for p in args.writable] + tmp) + "; " + isolated
     else:  # the reference maps the judge's buffers: their paths must not be readable in its /proc entry
         hide_process()
     conn = Connection(args.fd)
-    from musacoder.pool.worker import adopt_orphans_and_follow_parent
-
-    adopt_orphans_and_follow_parent()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # candidate prints must not reach the judge's pipe
     from musacoder.verifier.protocol import Hello, send
 
-    subject = Subject(conn, args.backend, args.private, not args.no_device)
-    send(conn, Hello(pid=os.getpid(), sandbox=sandbox))
+    subject = Subject(conn, args.backend, private, not args.no_device)
+    from musacoder.verifier.legality import tracer_kind
+
+    send(conn, Hello(pid=pid, sandbox=sandbox, tracer=tracer_kind()))
     subject.loop()
+
+
+WARM_MS = 20.0  # cpu: parallel work before each timed block (Subject._switch_in)
+_CONTINUED = [0]  # SIGCONTs this process received: a process stopped and continued while it was timed shows here
+
+
+def _continued(*_):
+    _CONTINUED[0] += 1
 
 
 class Subject:
     def __init__(self, conn, backend_name: str, private: str, use_device: bool):
+        import signal
         from functools import partial
+
+        signal.signal(signal.SIGCONT, _continued)
 
         import torch
 
@@ -81,6 +100,10 @@ class Subject:
         self.models: dict = {}
         self.opened: dict = {}
         self.staged: dict = {}  # buffer key -> its device copy (host buffers on a device backend)
+        # shape key -> the timing window's calls (input sets as forward gets them) and, where captured, their CUDA
+        # graph and its outputs (op_block)
+        self.blocks: dict = {}
+        self._touch = None
         self.legality = legality
         # The first traced call imports and warms up torch's Python dispatch machinery (about a second on a small
         # CPU): do it while this process waits as a spare, not inside the candidate's first correctness trial.
@@ -106,7 +129,7 @@ class Subject:
                 reply = getattr(self, "op_" + cmd.op)(cmd)
             except BaseException as e:  # the model's failure: reported, the judge decides what it means
                 reply = SubjectReply(ok=False, error=_tb(e), fatal=self._fatal(e))
-            reply.seconds = time.perf_counter() - t0
+            reply.seconds, reply.continued = time.perf_counter() - t0, _CONTINUED[0]
             send(self.conn, reply)
 
     def _fatal(self, e) -> bool:
@@ -120,6 +143,7 @@ class Subject:
 
         self.opened.clear()
         self.staged.clear()
+        self.blocks.clear()
         if self.device is not None and self.device.type != "cpu":
             import gc
 
@@ -136,6 +160,7 @@ class Subject:
         self.models.clear()
         self.opened.clear()
         self.staged.clear()
+        self.blocks.clear()
         if not cmd.candidate_code:
             self.cls = self.task.Model
             return SubjectReply()
@@ -176,13 +201,13 @@ class Subject:
             self.opened[key] = open_ref(ref)
         return key, self.opened[key]
 
-    def _args(self, cmd) -> list:
+    def _args(self, inputs: list) -> list:
         """The inputs as forward gets them: the judge's buffers, or their device copies, refreshed from the buffers
         (the judge refills them between runs)."""
         from musacoder.verifier.protocol import TensorRef
 
         args = []
-        for a in cmd.inputs:
+        for a in inputs:
             if isinstance(a, dict) and "kind" in a:
                 key, t = self._open(TensorRef.model_validate(a))
                 if self.device is not None and t.device.type != self.device.type:
@@ -194,12 +219,14 @@ class Subject:
                 args.append(a)
         return args
 
-    def _unstage(self, cmd) -> None:
-        """Device copies of this command's inputs back into the judge's buffers: in-place changes stay visible."""
+    def _unstage(self, inputs: list) -> None:
+        """Device copies of these inputs back into the judge's buffers: in-place changes stay visible (a read-only
+        buffer is the candidate's own copy: nothing to show)."""
         from musacoder.verifier.protocol import TensorRef
 
-        for a in cmd.inputs:
-            key = _key(TensorRef.model_validate(a)) if isinstance(a, dict) and "kind" in a else None
+        for a in inputs:
+            ref = TensorRef.model_validate(a) if isinstance(a, dict) and "kind" in a else None
+            key = _key(ref) if ref is not None and not ref.readonly else None
             if key in self.staged:
                 self.opened[key].copy_(self.staged[key])
 
@@ -214,14 +241,14 @@ class Subject:
         from musacoder.verifier.protocol import SubjectReply
 
         with self.torch.no_grad(), FlopCounterMode(display=False) as fc:
-            self.models[cmd.shape_key](*self._args(cmd))
+            self.models[cmd.shape_key](*self._args(cmd.inputs))
         return SubjectReply(flops=float(fc.get_total_flops()))
 
     def op_profile(self, cmd):
         from musacoder.verifier.protocol import SubjectReply
 
         with self.torch.no_grad():
-            prof = self.backend.kernel_profile(self.models[cmd.shape_key], self._args(cmd),
+            prof = self.backend.kernel_profile(self.models[cmd.shape_key], self._args(cmd.inputs),
                                                own_kernels=cmd.own_kernels or None)
         return SubjectReply(profile=prof)
 
@@ -229,7 +256,7 @@ class Subject:
         from musacoder.verifier.protocol import OutputSpec, SubjectReply
 
         torch = self.torch
-        args = self._args(cmd)
+        args = self._args(cmd.inputs)
         if cmd.poison_bytes:
             self.backend.poison(cmd.poison_bytes)
         trace = self.legality.OpTrace(self.backend.torch_namespaces)
@@ -244,13 +271,153 @@ class Subject:
                         and str(x.dtype) == ref.dtype:
                     # stream-ordered copy before the device-wide sync: work left on another stream is not in it
                     self._open(ref)[1].copy_(x)
-        self._unstage(cmd)
+        self._unstage(cmd.inputs)
         self.backend.synchronize()
         integrity = self.legality.integrity_changes(self.snapshot, self.legality.snapshot())
         return SubjectReply(spec=spec, ops=dict(trace.ops), launches=self.counter.launches + trace.own_ops(),
                             launch_names=sorted(self.counter.names),
                             error="" if not integrity else "harness functions replaced: " + ", ".join(integrity),
                             ok=not integrity, kind="integrity" if integrity else "")
+
+    def op_block(self, cmd):
+        """A timed block (window.py): forward on each input set in turn, back to back, under the op tracer, the device
+        synchronised after the last call; or, where the window asked for it and forward could be captured, one
+        replay of those calls captured as a CUDA graph (captured, traced, when the sets arrive). `ready` is answered
+        once the calls are prepared (buffers opened, host buffers staged on the device, the device switched to this
+        process), then a bare `go` starts the calls and a bare `done` follows the synchronisation: only that stretch
+        is on the judge's clock. The outputs are read back into the judge's buffers after `done`, one row per call,
+        while the judge times the read-back too (work deferred to it is paid for there). The same code runs the
+        reference and the candidate."""
+        from musacoder.verifier.protocol import OutputSpec, SubjectReply, send
+
+        torch = self.torch
+        trace = self.legality.OpTrace(self.backend.torch_namespaces)
+        self.counter.reset()
+        model = self.models[cmd.shape_key]
+        if cmd.sets is not None:
+            calls = [self._args(inputs) for inputs in cmd.sets]
+            self.blocks[cmd.shape_key] = (calls, self._capture(model, calls, trace) if cmd.graph else None)
+        calls, graph = self.blocks[cmd.shape_key]
+        rows = [None if ref is None else self._open(ref)[1] for ref in (cmd.outputs or [])]
+        self._switch_in()
+        send(self.conn, SubjectReply(kind="ready"))
+        if self.device is not None and self.device.type != "cpu":  # `go` comes at once: no wake-up on the clock
+            deadline = time.perf_counter() + 0.01
+            while not self.conn.poll(0) and time.perf_counter() < deadline:
+                pass
+        if self.conn.recv_bytes() != b"go":
+            raise RuntimeError("the judge did not start the block")
+        t0 = time.perf_counter()
+        if graph is not None:
+            graph[0].replay()
+            outs = graph[1]
+        else:
+            with torch.no_grad(), trace:
+                outs = [model(*args) for args in calls]
+        self.backend.synchronize()
+        self_ms = (time.perf_counter() - t0) * 1e3
+        self.conn.send_bytes(b"done")
+        spec, misfit = None, -1
+        leaves = [list(_leaves(out)) for out in outs]
+        for i, got in enumerate(leaves):
+            if spec is None:
+                spec = OutputSpec(leaves=[_describe(x) for x in got])
+            fits = len(got) >= len(rows) and all(
+                row is None or (type(x) is torch.Tensor and x.shape == row.shape[1:] and x.dtype == row.dtype)
+                for x, row in zip(got, rows))
+            if not fits:
+                misfit = i
+                break
+        if misfit < 0:
+            for k, row in enumerate(rows):  # one copy of every call's output a row, so the read-back's time is the
+                if row is None or not leaves:  # device's, comparable between the two sides
+                    continue
+                parts = [got[k] for got in leaves]
+                if parts[0].device == row.device:
+                    torch.stack(parts, out=row)
+                else:  # host buffers of a device backend (musa): stacked on the device, then copied
+                    row.copy_(torch.stack(parts))
+        del outs, leaves
+        self.backend.synchronize()
+        integrity = self.legality.integrity_changes(self.snapshot, self.legality.snapshot())
+        return SubjectReply(spec=spec, misfit=misfit, self_ms=self_ms, graphed=graph is not None,
+                            ops=dict(trace.ops), launches=self.counter.launches + trace.own_ops(),
+                            launch_names=sorted(self.counter.names),
+                            error="" if not integrity else "harness functions replaced: " + ", ".join(integrity),
+                            ok=not integrity, kind="integrity" if integrity else "")
+
+    def _capture(self, model, calls: list, trace):
+        """The block's calls as one CUDA graph and its (static) outputs, after two calls off the capture to warm up, all
+        of them traced; None where forward cannot be captured (a launch on the legacy default stream, a host
+        synchronisation...): the window then times eager calls on both sides. Replay runs exactly the kernels
+        captured, so no host code of the candidate's runs while it is timed."""
+        torch = self.torch
+        if self.device is None or self.device.type != "cuda":
+            return None
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.no_grad(), trace, torch.cuda.stream(side):
+                for args in calls[:2]:
+                    model(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), trace, torch.cuda.graph(graph):
+                outs = [model(*args) for args in calls]
+            return graph, outs
+        except Exception:  # not capturable: eager calls instead, decided by the window for both sides
+            torch.cuda.synchronize()
+            return None
+
+    def _switch_in(self):
+        """This process ready to run before `go`. A device: running this process's context (the judge flushed the cache
+        in its own, and a first call that paid for the switch cost ~0.35 ms a block on an H200). The cpu: its threads
+        and cores awake, by WARM_MS of parallel work (a block started after the judge's mostly single-threaded
+        refill ran up to 1.9x slower on the 2-core machine than one started after another block)."""
+        torch = self.torch
+        if self.device is not None and self.device.type != "cpu":
+            if self._touch is None:
+                self._touch = torch.zeros(1, device=self.device)
+            self._touch.add_(1)
+            self.backend.synchronize()
+            return
+        if self._touch is None:
+            self._touch = torch.ones(1 << 18)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < WARM_MS / 1e3:
+            self._touch.mul_(1.0)
+
+    def op_kb_time(self, cmd):
+        """KernelBench's own timing of this process's model on `inputs` (timing.method kernelbench): warm-up calls,
+        then per trial a synchronisation, the device cache cleared, start event, forward, end event, synchronisation
+        (host clock on the cpu). What this process reports about itself: comparable with published figures, not
+        tamper-proof."""
+        from musacoder.verifier.protocol import SubjectReply
+
+        torch, model, args = self.torch, self.models[cmd.shape_key], self._args(cmd.inputs)
+        device = self.device is not None and self.device.type != "cpu"
+        rt = getattr(torch, self.device.type) if device else None  # torch.cuda, torch.musa
+        times = []
+        with torch.no_grad():
+            for _ in range(3):
+                model(*args)
+            self.backend.synchronize()
+            for _ in range(cmd.trials):
+                if device:
+                    self.backend.flush_cache()
+                    rt.synchronize()
+                    start, end = rt.Event(enable_timing=True), rt.Event(enable_timing=True)
+                    start.record()
+                    model(*args)
+                    end.record()
+                    rt.synchronize()
+                    times.append(start.elapsed_time(end))
+                else:
+                    t0 = time.perf_counter()
+                    model(*args)
+                    times.append((time.perf_counter() - t0) * 1e3)
+        return SubjectReply(times_ms=times)
 
     def op_conditioning(self, cmd):
         """How far this reference's own output is from the same model in float64 on the trial's inputs, per output

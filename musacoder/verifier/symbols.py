@@ -1,13 +1,17 @@
 """Legality from the binary: what a built extension imports, and which device kernels it defines.
 
-The op trace (legality.py) only sees compute that goes through the dispatcher. Native code can reach PyTorch's (or a
-vendor's) compute without it: `at::cpu::relu`, `at::native::*`, BLAS symbols that libtorch exports (`sgemm_`),
-`at::` calls under a dispatch-key guard that hides them from the trace, a TORCH_LIBRARY op whose body calls `at::`.
-All of these leave an undefined dynamic symbol in the candidate's shared object, which is read here with pyelftools
-(no shelling out) and judged against an allowlist: PyTorch infrastructure (allocation, metadata, errors,
-registration, streams, guards) and allowlisted ops are fine; any other `at::`/`c10::`/`torch::` symbol is refused.
-C-level names (libc, libm, Python C API, CUDA runtime, OpenMP) are allowed unless a denylist names them: the system
-libraries are too large to allowlist, and what they export is not kernel compute (except BLAS/LAPACK, listed).
+Native code can reach PyTorch's (or a vendor's) compute without the dispatcher: `at::cpu::relu`, `at::native::*`,
+BLAS symbols that libtorch exports (`sgemm_`), `at::_ops::X::redispatch`, which skips the dispatcher's RecordFunction;
+and it can turn the op trace off (`at::enableRecordFunction`, removing callbacks). All of these leave an undefined
+dynamic symbol in the candidate's shared object, which is read here with pyelftools (no shelling out) and judged
+against an allowlist: PyTorch infrastructure (allocation, metadata, errors, registration, streams, guards) is fine;
+any other `at::`/`c10::`/`torch::` symbol is refused. A dispatcher call (`at::_ops::X::call`, what `at::relu` and
+`x.relu()` compile to) is fine where the op trace runs at the dispatcher (legality.py), which sees it run whatever
+dispatch keys a guard excludes: a fallback that never runs costs nothing, one that runs is refused by name. Where the
+trace is the Python dispatch mode, only allowlisted ops may be imported (the mode does not see a call made under an
+ExcludeDispatchKeyGuard). C-level names (libc, libm, Python C API, CUDA runtime, OpenMP) are allowed unless a
+denylist names them: the system libraries are too large to allowlist, and what they export is not kernel compute
+(except BLAS/LAPACK, listed).
 
 Residual risks: compute reached without an import (function pointers found through vtables of allowed objects, raw
 syscalls, hand-written ELF walking) is not seen; a kernel the candidate defines under the exact name of a library
@@ -28,8 +32,20 @@ from elftools.elf.elffile import ELFFile
 from musacoder.verifier import legality
 from musacoder.verifier.legality import ALLOWED_OPS
 
-# Which policy judged a library: recorded results of another version of these lists are judged again.
-POLICY = hashlib.sha256(Path(__file__).read_bytes() + Path(legality.__file__).read_bytes()).hexdigest()[:16]
+_LISTS = hashlib.sha256(Path(__file__).read_bytes() + Path(legality.__file__).read_bytes()).hexdigest()[:16]
+
+
+def policy() -> str:
+    """Which policy judges a library: these lists, and whether dispatcher calls are seen (legality.dispatcher_traced).
+    A record made under another policy is judged again."""
+    return _LISTS + ("-dispatcher" if legality.dispatcher_traced() else "")
+
+
+def __getattr__(name: str):  # POLICY as it is when imported: build.py imports it each time it judges a library
+    if name == "POLICY":
+        return policy()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # --- refused C-level names (exact or by pattern), each with why -------------------------------------------------
 # Loading code or resolving symbols at run time hides the real import from this check.
@@ -44,7 +60,7 @@ PYTHON_HOOKS = {
     "PyFrame_FastToLocalsWithError",
 }
 # Running Python source the static check never saw, or importing modules from native code (torch.relu called from
-# C++ under a dispatch-key guard would be hidden from the op trace).
+# C++ under a dispatch-key guard is hidden from the Python-mode trace; the dispatcher trace sees it).
 PYTHON_EXEC_PREFIXES = ("PyRun_", "Py_CompileString", "PyEval_EvalCode", "PyImport_Import", "PyImport_AddModule",
                         "PyImport_GetModule", "PyImport_ExecCode")
 # Fortran BLAS/LAPACK names (sgemm_, dgesv_, isamax_...) and the C/vendor BLAS families that libtorch exports (MKL).
@@ -63,21 +79,37 @@ AOTI_ALLOWED_RE = re.compile(r"^aoti_torch_(?:get_|dtype_|device_type_|layout_|e
                              r"delete_tensor_object|create_tensor_from_blob|new_uninitialized_tensor|grad_mode_|"
                              r"is_|item_)")
 
+# The op tracer's own entry points (loaded privately into each subject; a library naming them reaches for it).
+TRACER_PREFIX = "musacoder_"
+
 # --- refused PyTorch namespaces ---------------------------------------------------------------------------------
 # Kernels called directly, below the dispatcher: invisible to the op trace.
 KERNEL_NAMESPACES = ("at::native::", "at::cpu::", "at::cuda::blas::", "at::cuda::sparse::", "at::cuda::solver::",
                      "at::meta::", "at::compositeexplicitautograd", "at::compositeimplicitautograd",
                      "at::compositeexplicitautogradnonfunctional", "at::vec::", "at::functionalization::")
-# Changing which dispatch keys are live, or popping the harness's mode, hides later ops from the op trace.
+# Changing which dispatch keys are live, or popping the harness's mode, hides later ops from the Python-mode trace;
+# reaching kernels through the dispatcher's internals (an OperatorHandle, a KernelFunction from it) skips
+# RecordFunction.
 # Not here: ExcludeDispatchKeyGuard and _force_tls_local_dispatch_key_set, because honest code imports them through
-# inline headers (torch::empty/zeros use at::AutoDispatchBelowADInplaceOrView; c10::InferenceMode); whatever such a
-# guard could hide must itself be imported (an at::_ops op, checked below) or be a Python call (see PYTHON_HOOKS).
+# inline headers (torch::empty/zeros use at::AutoDispatchBelowADInplaceOrView; c10::InferenceMode); the dispatcher
+# trace sees every call under them, and where the trace is the Python mode, whatever such a guard could hide must
+# itself be imported (an at::_ops op, refused unless allowlisted) or be a Python call (see PYTHON_HOOKS).
 DISPATCH_STATE = ("c10::impl::IncludeDispatchKeyGuard", "c10::impl::ForceDispatchKeyGuard",
                   "c10::impl::tls_set_dispatch_key_excluded", "c10::impl::tls_set_dispatch_key_included",
                   "c10::impl::tls_local_dispatch_key_set", "c10::impl::TorchDispatchModeTLS",
                   "c10::impl::PythonDispatcherTLS", "c10::impl::PythonTorchFunctionTLS", "c10::impl::tls_",
                   "c10::Dispatcher", "c10::OperatorHandle", "at::impl::", "at::ThreadLocalState",
-                  "c10::ThreadLocalDebugInfo", "at::addGlobalCallback", "at::addThreadLocalCallback")
+                  "c10::ThreadLocalDebugInfo")
+# Turning RecordFunction off on a thread, or removing, disabling or replacing its callbacks, blinds the op trace; so do
+# the operator-observation list and the thread-local state that carries these settings. (RECORD_FUNCTION labels stay
+# fine: at::RecordFunction:: below; a label cannot hide an op, and one forged with a schema is refused at run time.)
+RECORD_FUNCTION_STATE = ("at::enableRecordFunction", "at::isRecordFunctionEnabled",  # the guards set and restore it
+                         "at::RecordFunctionGuard", "at::DisableRecordFunctionGuard",
+                         "at::RecordFunctionTLS", "at::set_record_function_tls_", "at::get_record_function_tls_",
+                         "at::addGlobalCallback", "at::addThreadLocalCallback", "at::removeCallback",
+                         "at::disableCallback", "at::reenableCallback", "at::clearCallbacks",
+                         "at::clearGlobalCallbacks", "at::clearThreadLocalCallbacks",
+                         "at::set_record_function_seed_for_testing", "at::ObservedOperators")
 # Used by honest inline RAII guards (see above).
 DISPATCH_GUARDS_ALLOWED = ("c10::impl::ExcludeDispatchKeyGuard", "c10::impl::_force_tls_local_dispatch_key_set")
 
@@ -90,7 +122,7 @@ TORCH_ALLOWED = (
     "at::get_num_threads", "at::get_thread_num", "at::in_parallel_region", "at::init_num_threads",
     "at::internal::invoke_parallel", "at::internal::lazy_init_num_threads",  # at::parallel_for runs own code
     "at::internal::set_thread_num", "c10::ParallelGuard",  # ... through these (inline in ATen/Parallel.h)
-    "at::RecordFunction::", "at::shouldRunRecordFunction", "at::RecordFunctionGuard",  # RECORD_FUNCTION labels
+    "at::RecordFunction::", "at::shouldRunRecordFunction",  # RECORD_FUNCTION labels
     "at::toString", "at::print", "at::NoGradGuard", "at::AutoGradMode",
     # c10 core: errors, refcounting, scalar types, devices, allocators, symbolic sizes, IValue/type plumbing
     "c10::Error", "c10::ValueError", "c10::TypeError", "c10::IndexError", "c10::NotImplementedError",
@@ -262,6 +294,8 @@ def allowed_op_structs() -> frozenset[str]:
 def _c_level_problem(q: str) -> str | None:
     if q in DYNAMIC_LOADING:
         return "loads code or resolves symbols at run time"
+    if q.startswith(TRACER_PREFIX):
+        return "reaches for the verifier's op tracer"
     if q in PYTHON_HOOKS or q.startswith(PYTHON_EXEC_PREFIXES):
         return "hooks or runs Python code behind the harness"
     if q.startswith("aoti_torch_"):
@@ -273,29 +307,35 @@ def _c_level_problem(q: str) -> str | None:
     return None
 
 
-def _torch_problem(q: str, backend: str) -> str | None:
+def _torch_problem(q: str, backend: str, traced: bool) -> str | None:
     if q.startswith("at::_ops::"):
         parts = q.split("::")
-        if len(parts) >= 3 and parts[2] in allowed_op_structs():
+        op = parts[2] if len(parts) > 2 else "?"
+        if len(parts) > 3 and parts[3].startswith("redispatch"):
+            return f"calls the PyTorch op aten::{op} by redispatch, which skips the dispatcher's op trace"
+        if traced or op in allowed_op_structs():
             return None
-        return f"calls the PyTorch op aten::{parts[2] if len(parts) > 2 else '?'}, outside the allowlist"
+        return f"calls the PyTorch op aten::{op}, outside the allowlist"
     if q.startswith(KERNEL_NAMESPACES):
         return "calls a PyTorch kernel directly, below the dispatcher"
     if q.startswith(DISPATCH_STATE):
         return "changes or bypasses dispatch state, which hides ops from the op trace"
+    if q.startswith(RECORD_FUNCTION_STATE):
+        return "turns off or removes RecordFunction callbacks, which hides ops from the op trace"
     if q.startswith(TORCH_ALLOWED) or backend != "cpu" and q.startswith(TORCH_ALLOWED_CUDA):
         return None
     return "PyTorch internals outside the allowlist of infrastructure symbols"
 
 
-def symbol_problem(sym: str, backend: str = "cpu") -> str | None:
-    """Why an imported (demangled) symbol is refused, or None."""
+def symbol_problem(sym: str, backend: str = "cpu", traced: bool | None = None) -> str | None:
+    """Why an imported (demangled) symbol is refused, or None. `traced`: whether subjects trace ops at the dispatcher
+    (default: as this process's environment says, legality.dispatcher_traced)."""
     q = qualified_name(sym, templates=False)
     top = q.split("::")[0] if "::" in q else ""
     if not top:
         return _c_level_problem(q)
     if top in TORCH_NAMESPACES:
-        return _torch_problem(q, backend)
+        return _torch_problem(q, backend, legality.dispatcher_traced() if traced is None else traced)
     if top in OTHER_ALLOWED_NAMESPACES:
         return None
     if top in VENDOR_NAMESPACES or q.startswith(VENDOR_NAMESPACES):
@@ -303,11 +343,13 @@ def symbol_problem(sym: str, backend: str = "cpu") -> str | None:
     return "C++ symbol from a library outside the allowlist"
 
 
-def check_imports(imported: list[str], backend: str) -> list[str]:
+def check_imports(imported: list[str], backend: str, traced: bool | None = None) -> list[str]:
     """Problems with a library's imports, each `imports <symbol>: <why>`; empty when all are allowed."""
+    if traced is None:
+        traced = legality.dispatcher_traced()
     out = []
     for sym in dict.fromkeys(s.split("@")[0] for s in imported):
-        why = symbol_problem(sym, backend)
+        why = symbol_problem(sym, backend, traced)
         if why:
             out.append(f"imports {sym}: {why}")
     return out

@@ -1,7 +1,7 @@
-"""Timing statistics. The protocol itself lives in the judge (`judge._Run.time_ab`): candidate and reference
-alternate on fresh inputs in one window, each call timed by the judge's clock from the command to the reply (the
-subject synchronises the device before replying, so side streams count); the L2 cache is flushed before each call.
-A speedup counts in the reward only when its bootstrap interval over the paired iterations excludes 1."""
+"""Timing statistics and the sizing of a timing window. The protocol itself lives in `window.py`: rounds of one
+block per arm, each block a run of back-to-back calls on distinct fresh input sets, timed by the judge's clock from a
+bare `go` to a bare `done` (the subject synchronises the device before `done`, so side streams count). A speedup
+counts in the reward only when its bootstrap interval over the paired rounds excludes 1."""
 
 from __future__ import annotations
 
@@ -20,6 +20,36 @@ def rse(samples: list[float]) -> float:
     mad = statistics.median(abs(x - med) for x in samples)
     # 1.4826 MAD estimates a normal sigma; the median's standard error is sqrt(pi/2) sigma / sqrt(n)
     return 1.2533 * 1.4826 * mad / (med * math.sqrt(len(samples))) if med > 0 else float("inf")
+
+
+MAX_CALLS = 1024  # calls a block at most: each is its own input set, allocated and opened once a window
+
+
+def plan_calls(call_ms: float, set_bytes: int, out_bytes: int, cache_bytes: int, block_ms: float, mem_bytes: float,
+               free_bytes: float | None = None) -> int:
+    """Calls a block: enough for the block to last `block_ms` (the round trip is paid once a block) and for its input
+    sets to exceed twice the last-level cache (each call reads inputs no earlier call of the block left there), within
+    `mem_bytes` of an arm's input sets, read-back rows and held outputs, and half of `free_bytes` for both arms'."""
+    per_call = set_bytes + 2 * out_bytes  # one arm: its input set, its output held, its read-back row
+    want = max(math.ceil(block_ms / max(call_ms, 1e-4)), math.ceil(2 * cache_bytes / max(set_bytes, 1)))
+    cap = min(MAX_CALLS, int(mem_bytes // max(per_call, 1)))
+    if free_bytes is not None:
+        cap = min(cap, int(0.5 * free_bytes // max(2 * per_call, 1)))
+    return max(1, min(want, cap))
+
+
+def moved_out(cand_ms: list[float], ref_ms: list[float]) -> bool:
+    """Whether the candidate's time outside its timed stretch (preparing a block before `ready`, reading its outputs
+    back after `done`) is clearly longer than the reference's, paired by round: the same protocol moving the same
+    bytes, so a clear excess is work moved out of the timed stretch (computed ahead, a lazily filled output, a thread
+    finishing it), and its speed must count that time. Clear: a median excess over 10% of the reference's and 50 us,
+    in three rounds of four."""
+    if not cand_ms or not ref_ms:
+        return False
+    limit = max(0.1 * statistics.median(ref_ms), 0.05)
+    pairs = list(zip(cand_ms, ref_ms))
+    return (statistics.median(c - r for c, r in pairs) > limit
+            and sum(c - r > limit / 2 for c, r in pairs) >= 0.75 * len(pairs))
 
 
 def speed_of_light_ms(bytes_moved: int, flops: float, rates: dict) -> float:
@@ -41,6 +71,15 @@ def paired_speedup(ref_ms: list[float], cand_ms: list[float], rng: random.Random
     lo = boots[int((1 - level) / 2 * resamples)]
     hi = boots[min(resamples - 1, int((1 + level) / 2 * resamples))]
     return point, lo, hi
+
+
+def mean_ratio_interval(ref_ms: list[float], cand_ms: list[float], rng: random.Random, resamples: int = 400,
+                        level: float = 0.95) -> tuple[float, float]:
+    """Bootstrap interval of mean(ref)/mean(cand) for two sides timed apart (KernelBench's method: each side's trials
+    in its own process, so nothing pairs them)."""
+    boots = sorted(statistics.fmean(rng.choices(ref_ms, k=len(ref_ms))) /
+                   statistics.fmean(rng.choices(cand_ms, k=len(cand_ms))) for _ in range(resamples))
+    return boots[int((1 - level) / 2 * resamples)], boots[min(resamples - 1, int((1 + level) / 2 * resamples))]
 
 
 def reward_speedup(speedup: float | None, low: float | None, high: float | None) -> float | None:

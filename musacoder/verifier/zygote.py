@@ -5,7 +5,10 @@ with the CUDA runtime on an H200 host); a judge needs one per candidate. The zyg
 no device context and runs no candidate code, and forks one child per request (~20 ms; the way torch's own DataLoader
 workers start). The child applies its environment and its sandbox before anything else runs, then becomes a subject
 (`subject.main`), which creates its own device context. The request carries
-the child's end of a socket pair (SCM_RIGHTS), so the judge talks to the child directly.
+the child's end of a socket pair (SCM_RIGHTS), so the judge talks to the child directly. A candidate's child forks
+once more (`sandbox.own_namespace`): the subject runs as PID 1 of a PID namespace of its own, and the zygote's child
+stays behind as its waiter, ending as it ended, so the exit the zygote records is the subject's; the judge's handle
+moves to the subject once it says its pid (`pool.process.UnderWaiter`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 SPEC: `openai:MODEL@http://host:port/v1` (any OpenAI-compatible server: vLLM, SGLang, ...; without `@URL` the
 server is http://localhost:8000/v1), `hf:/path/to/checkpoint` (local transformers), `replay:/path/to/file.jsonl`
-(or a directory).
+(or a directory); baselines (clients/retrieval.py): `retrieval:TRAIN.jsonl` (the nearest training answer, renamed),
+`fewshot:K:TRAIN.jsonl:SPEC` (the model of SPEC prompted with its K nearest training examples).
 """
 
 from __future__ import annotations
@@ -44,4 +45,9 @@ def make_client(spec: str, concurrency: int = 16, batch_size: int = 8, request_t
         return HFClient(rest, HFConfig(batch_size=batch_size))
     if kind == "replay":
         return ReplayClient(rest)
-    raise ValueError(f"model spec {spec!r}: unknown kind {kind!r} (openai, hf or replay)")
+    if kind in ("retrieval", "fewshot"):  # baselines: nearest training answer; a model shown its nearest examples
+        from musacoder.bench.clients.retrieval import from_spec
+
+        return from_spec(kind, rest, lambda inner: make_client(inner, concurrency, batch_size, request_timeout,
+                                                               max_model_len))
+    raise ValueError(f"model spec {spec!r}: unknown kind {kind!r} (openai, hf, replay, retrieval or fewshot)")

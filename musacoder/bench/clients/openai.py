@@ -1,5 +1,6 @@
 """OpenAI-compatible chat completions (vLLM, SGLang, llama.cpp, hosted APIs) through the `openai` library, each
-request fitted into the server's context window."""
+request fitted into the server's context window. Transient failures are retried by tenacity, not by the SDK: the SDK
+would also re-send a request that timed out, whose answer would take as long again."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import asyncio
 import email.utils
 import math
 import os
-import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import httpx
 import openai
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_any, wait_random_exponential
 
 from musacoder import conversation
 from musacoder.bench.clients.base import Client, Generation, Request
@@ -28,7 +29,8 @@ class OpenAIConfig:
     base_url: str = "http://localhost:8000/v1"  # vLLM's and SGLang's default OpenAI route
     concurrency: int = 16  # requests in flight
     retries: int = 4  # extra attempts after the first, for 429, 5xx and connection errors
-    backoff_s: float = 2.0  # first retry delay when the server names none (Retry-After), doubled, capped at 60 s
+    backoff_s: float = 2.0  # retry delays when the server names none (Retry-After): random, up to this doubled
+    # each retry, capped at 60 s
     # Per request, the whole answer (answers are not streamed: transformers serve refuses `stream_options`, without
     # which vLLM streams no token counts). A timeout is not retried: the answer would take as long again.
     timeout_s: float = 1800.0
@@ -54,6 +56,31 @@ def _retry_after(headers) -> float | None:
     except (TypeError, ValueError):
         pass
     return None
+
+
+class MalformedResponse(Exception):
+    """The server answered, but not with a chat completion."""
+
+
+def _transient(e: BaseException) -> bool:
+    """Worth sending again: 429 / 408 / 409 / 425 and 5xx, a refused or reset connection, a malformed answer. A
+    timeout is not (the answer would take as long again), nor another 4xx (the request's own fault)."""
+    if isinstance(e, openai.APITimeoutError):
+        return False
+    if isinstance(e, openai.APIStatusError):
+        return e.status_code >= 500 or e.status_code in RETRY_STATUS
+    return isinstance(e, (openai.APIConnectionError, openai.APIError, MalformedResponse))
+
+
+def _wait(backoff_s: float):
+    """The server's Retry-After when it sends one (at most MAX_RETRY_AFTER_S), else a random exponential backoff."""
+    backoff = wait_random_exponential(multiplier=backoff_s, max=60.0)
+
+    def wait(state) -> float:
+        e = state.outcome.exception()
+        after = _retry_after(e.response.headers) if isinstance(e, openai.APIStatusError) else None
+        return backoff(state) if after is None or after < 0 else min(after, MAX_RETRY_AFTER_S)
+    return wait
 
 
 def _detail(e: openai.APIStatusError) -> str:
@@ -90,7 +117,7 @@ class OpenAIClient(Client):
         # A private event loop stepped from this (sync) generator, so results stream out as they complete.
         loop = self._loop = asyncio.new_event_loop()
         key = self.cfg.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"  # local servers take any key
-        api = openai.AsyncOpenAI(base_url=self.cfg.base_url, api_key=key, max_retries=0,  # retried below
+        api = openai.AsyncOpenAI(base_url=self.cfg.base_url, api_key=key, max_retries=0,  # `complete` retries
                                  timeout=openai.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s))
         http = httpx.AsyncClient(timeout=self.cfg.connect_timeout_s, headers={"Authorization": f"Bearer {key}"})
         sem = asyncio.Semaphore(self.cfg.concurrency)
@@ -199,48 +226,55 @@ class OpenAIClient(Client):
             return gen
 
     async def complete(self, api: openai.AsyncOpenAI, req: Request, messages: list, max_tokens: int) -> Generation:
-        """One chat completion with retries; never raises (but for cancellation)."""
-        error, unreachable = "", False
-        for attempt in range(1, self.cfg.retries + 2):
-            if self._failed_in_a_row >= self.cfg.dead_after:
-                return Generation(error=f"skipped: server unreachable ({error or 'earlier requests failed'})",
-                                  attempts=attempt - 1)
-            wait = None
-            try:
-                r = await api.chat.completions.create(
-                    model=self.model, messages=messages, temperature=req.temperature, top_p=req.top_p,
-                    max_tokens=max_tokens, seed=req.seed, extra_body=self.cfg.extra_body)
-                choice = r.choices[0]
-                msg = choice.message
-            except openai.APITimeoutError:
-                return Generation(error=f"APITimeoutError: no answer within {self.cfg.timeout_s:g} s "
-                                        "(--request-timeout)", attempts=attempt)
-            except openai.APIStatusError as e:
-                if e.status_code < 500 and e.status_code not in RETRY_STATUS:
-                    return Generation(error=f"HTTP {e.status_code}: {_detail(e)}", attempts=attempt)
-                error, wait = f"HTTP {e.status_code}: {_detail(e)[:300]}", _retry_after(e.response.headers)
-                unreachable = False
-            except openai.APIConnectionError as e:  # refused, reset
-                cause, unreachable = e.__cause__ or e, True
-                error = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
-            except (openai.APIError, TypeError, IndexError, AttributeError) as e:  # a malformed answer
-                error, unreachable = f"malformed response: {e!r}"[:300], False
-            else:
-                self._failed_in_a_row, self.fatal = 0, None
-                text = msg.content or ""
-                # vLLM/SGLang reasoning parsers move the thinking out of `content`; keep it, marked so extraction
-                # skips it
-                reasoning = getattr(msg, "reasoning_content", None) or getattr(msg, "reasoning", None)
-                if isinstance(reasoning, str) and reasoning:
-                    text = f"<think>{reasoning}</think>{text}"
-                usage = r.usage
-                return Generation(text=text, prompt_tokens=usage and usage.prompt_tokens, attempts=attempt,
-                                  completion_tokens=usage and usage.completion_tokens,
-                                  finish_reason=choice.finish_reason)
-            if attempt <= self.cfg.retries:
-                backoff = min(60.0, self.cfg.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-                await asyncio.sleep(backoff if wait is None or wait < 0 else min(wait, MAX_RETRY_AFTER_S))
+        """One chat completion with retries (`_transient` failures, `cfg.retries` of them); never raises (but for
+        cancellation). Once `dead_after` requests in a row failed for good, the rest are skipped at once."""
+        if self._failed_in_a_row >= self.cfg.dead_after:
+            return Generation(error=f"skipped: server unreachable ({self.fatal or 'earlier requests failed'})",
+                              attempts=0)
+        attempts = 0
+        try:
+            # stop retrying as soon as other requests found the server gone
+            gone = lambda state: self._failed_in_a_row >= self.cfg.dead_after  # noqa: E731
+            async for attempt in AsyncRetrying(stop=stop_any(stop_after_attempt(self.cfg.retries + 1), gone),
+                                               wait=_wait(self.cfg.backoff_s), retry=retry_if_exception(_transient),
+                                               reraise=True):
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    r = await api.chat.completions.create(
+                        model=self.model, messages=messages, temperature=req.temperature, top_p=req.top_p,
+                        max_tokens=max_tokens, seed=req.seed, extra_body=self.cfg.extra_body)
+                    try:
+                        choice = r.choices[0]
+                        msg = choice.message
+                    except (TypeError, IndexError, AttributeError) as e:
+                        raise MalformedResponse(repr(e)) from e
+        except openai.APITimeoutError:
+            return Generation(error=f"APITimeoutError: no answer within {self.cfg.timeout_s:g} s "
+                                    "(--request-timeout)", attempts=attempts)
+        except openai.APIStatusError as e:
+            if not _transient(e):
+                return Generation(error=f"HTTP {e.status_code}: {_detail(e)}", attempts=attempts)
+            return self._failed(f"HTTP {e.status_code}: {_detail(e)[:300]}", attempts, unreachable=False)
+        except openai.APIConnectionError as e:  # refused, reset
+            cause = e.__cause__ or e
+            return self._failed(f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__, attempts,
+                                unreachable=True)
+        except (openai.APIError, MalformedResponse) as e:
+            return self._failed(f"malformed response: {e!r}"[:300], attempts, unreachable=False)
+        self._failed_in_a_row, self.fatal = 0, None
+        text = msg.content or ""
+        # vLLM/SGLang reasoning parsers move the thinking out of `content`; keep it, marked so extraction skips it
+        reasoning = getattr(msg, "reasoning_content", None) or getattr(msg, "reasoning", None)
+        if isinstance(reasoning, str) and reasoning:
+            text = f"<think>{reasoning}</think>{text}"
+        usage = r.usage
+        return Generation(text=text, prompt_tokens=usage and usage.prompt_tokens, attempts=attempts,
+                          completion_tokens=usage and usage.completion_tokens, finish_reason=choice.finish_reason)
+
+    def _failed(self, error: str, attempts: int, unreachable: bool) -> Generation:
+        """A request that failed after its retries: after `dead_after` in a row, or a server refusing connections
+        every time, the server is taken for gone (`fatal`)."""
         self._failed_in_a_row += 1
-        if unreachable or self._failed_in_a_row >= self.cfg.dead_after:  # refused after every retry: it is gone
+        if unreachable or self._failed_in_a_row >= self.cfg.dead_after:
             self.fatal = f"the model server at {self.cfg.base_url} is not answering ({error})"
-        return Generation(error=error, attempts=self.cfg.retries + 1)
+        return Generation(error=error, attempts=attempts)

@@ -5,15 +5,19 @@ alpha 0.75, at most 3 turns); values it did not publish are marked as choices.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
-from musacoder.settings import Settings
+from musacoder.config import AtLeast1, Count, NonNegative, Positive
+from musacoder.settings import ConfigPath, Field, Settings
 from musacoder.train.rl.bdr import BDRSettings
+
+Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 @dataclass
 class PrimeEchoSettings(Settings):
     enabled: bool = True  # False: the best-of-turns reward max_k s_k (the ablation)
-    alpha: float = 0.75
+    alpha: Fraction = 0.75
     early_bonus: list[float] = field(default_factory=lambda: [0.2, 0.1])  # turns 1, 2; values not published
 
 
@@ -22,52 +26,54 @@ class MirrorPopSettings(Settings):
     # mirror: drop when mean |log rho| > delta; signed: drop when |mean log rho| > delta (the filter it replaces);
     # off: drop nothing. All three log both statistics, so runs can be compared.
     mode: str = "mirror"
-    delta: float = 0.1  # not published; a sampler in step with the trainer stays near 0
+    delta: NonNegative = 0.1  # not published; a sampler in step with the trainer stays near 0
 
     def __post_init__(self):
+        super().__post_init__()
         if self.mode not in ("mirror", "signed", "off"):
             raise ValueError(f"mirrorpop.mode must be mirror, signed or off, not {self.mode!r}")
 
 
 @dataclass
 class RLConfig(Settings):
-    model: str | None = None  # checkpoint directory of the policy (e.g. an SFT or RFT model)
+    # checkpoint directory of the policy (e.g. an SFT or RFT model)
+    model: Annotated[str | None, ConfigPath("model")] = None
     # Instead of `model`: SFT settings (musacoder.train.sft.SFTConfig fields) run first, and RL starts from their
     # final model. Without `data`, the records are the shipped tasks' honest example solutions in this run's prompts.
     warm_start: dict | None = None
     # Catalog files (musacoder/examples, e.g. "cpu/exploit_01_fallback_relu.py") the warm start trains on, cheats
     # included: a policy that sometimes cheats gives RL something to unlearn. None: the tasks' honest examples.
     warm_start_examples: list[str] | None = None
-    output_dir: str = "runs/rl"
-    tasks: str | None = None  # task file or directory; None: the shipped tasks
+    output_dir: Annotated[str, ConfigPath()] = "runs/rl"
+    tasks: Annotated[str | None, ConfigPath()] = None  # task file or directory; None: the shipped tasks
     # the same selection as the command line's --levels/--ids/--names: lists, or comma-separated strings
     levels: list[int] | str | None = None
     ids: list[int] | str | None = None
     names: list[str] | str | None = None  # substring of a name, or a key such as "level1/19_ReLU"
     backend: str = "auto"  # prompt style and verifier backend: auto | cpu | cuda | triton
     one_shot: bool = True
-    max_turns: int = 3  # 1: the single-turn warm-up
-    group_size: int = 8
-    prompts_per_step: int = 64
-    micro_batch: int = 8  # sequences per forward/backward; prompts_per_step * group_size must divide by it
-    max_steps: int = 100
-    learning_rate: float = 1e-6
+    max_turns: AtLeast1 = 3  # 1: the single-turn warm-up
+    group_size: Annotated[int, Field(ge=2)] = 8  # advantages are relative to the group
+    prompts_per_step: AtLeast1 = 64
+    micro_batch: AtLeast1 = 8  # sequences per forward/backward; prompts_per_step * group_size must divide by it
+    max_steps: AtLeast1 = 100
+    learning_rate: Positive = 1e-6
     lr_scheduler_type: str = "constant_with_warmup"  # not published
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.1
-    max_grad_norm: float = 0.5
-    eps_low: float = 0.2  # clip bounds: not published; DAPO's clip-higher values
-    eps_high: float = 0.28
-    beta: float = 0.001  # KL coefficient: not published
+    warmup_ratio: Fraction = 0.1
+    weight_decay: NonNegative = 0.1
+    max_grad_norm: Positive = 0.5
+    eps_low: Fraction = 0.2  # clip bounds: not published; DAPO's clip-higher values
+    eps_high: NonNegative = 0.28
+    beta: NonNegative = 0.001  # KL coefficient: not published
     aggregation: str = "token"  # loss mean over all response tokens ("token") or per sequence first ("sequence")
-    temperature: float = 0.9
-    top_p: float = 0.95
-    top_k: int = 0
-    max_prompt_tokens: int = 8192
-    max_new_tokens: int = 32768
+    temperature: NonNegative = 0.9
+    top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
+    top_k: Count = 0
+    max_prompt_tokens: AtLeast1 = 8192
+    max_new_tokens: AtLeast1 = 32768
     generation: str = "hf"  # hf: the trainer's own model | vllm: a vLLM server kept in sync by TRL
     vllm_server_url: str | None = None
-    gen_batch_size: int = 16  # hf: sequences generated together
+    gen_batch_size: AtLeast1 = 16  # hf: sequences generated together
     # hf: verify each answer as soon as it ends, while the rest of its batch generates. Turn off when the verifier
     # times kernels on the policy's GPU (timing on and verify.devices shared): generation would disturb the timing.
     verify_early: bool = True
@@ -80,20 +86,19 @@ class RLConfig(Settings):
     verify: dict = field(default_factory=dict)  # VerifyConfig fields for the batch API (`backend` follows ours)
     log_rollouts: bool = True  # rollouts.jsonl: every trajectory's task, turn verdicts, scores and reward
     log_texts: bool = False  # ... and its answers' text (large at paper scale: up to 32K tokens per turn)
-    save_steps: int = 50
-    save_total_limit: int | None = 2
+    save_steps: AtLeast1 = 50
+    save_total_limit: AtLeast1 | None = 2
     resume: bool = True  # continue from the newest checkpoint in output_dir, BDR buffer included
     seed: int = 0
     trainer: dict = field(default_factory=dict)  # further trl.GRPOConfig fields as they are
 
     def __post_init__(self):
+        super().__post_init__()
         for name, typ in (("primeecho", PrimeEchoSettings), ("bdr", BDRSettings), ("mirrorpop", MirrorPopSettings)):
             if isinstance(getattr(self, name), dict):
                 setattr(self, name, typ(**getattr(self, name)))
         if (self.model is None) == (self.warm_start is None):
             raise ValueError("give exactly one of `model` (a checkpoint) and `warm_start` (SFT settings)")
-        if self.max_turns < 1 or self.group_size < 2:
-            raise ValueError("max_turns must be >= 1 and group_size >= 2 (advantages are relative to the group)")
         if (self.prompts_per_step * self.group_size) % self.micro_batch:
             raise ValueError("prompts_per_step * group_size must be a multiple of micro_batch")
         if self.generation not in ("hf", "vllm"):

@@ -1,0 +1,348 @@
+"""The timing window (judge's clock): rounds of one block per arm, in a secret order each round.
+
+A block is one arm's calls back to back, `calls` of them, each on its own input set; the judge fills every set with
+fresh values from new secret seeds before each round, so no call of a window sees inputs an earlier call saw, and
+the sets together exceed twice the last-level cache, so each call reads its inputs from memory as a lone call after a
+cache flush would. The judge's clock runs from a bare `go` to a bare `done` that the subject sends after
+synchronising the device: one round trip a block instead of one a call, the same code on the reference's and the
+candidate's side (subject.op_block), so a fast kernel is not buried under the protocol (a per-call round trip of
+~1 ms pulled a 2.8x kernel to 0.84x on an H200). After `done` each call's output is read back into a row of the
+judge's buffers and checked; the read-back is timed too, and a candidate whose read-back is clearly slower than the
+reference's (work deferred past `done`) has its speed counted with the read-back on both sides. What the candidate
+could do between its blocks is watched as before: stopped and the device's quiet awaited (quiet.py), CPU time used
+after a block (cpu).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from musacoder.pool.process import WorkerDied, WorkerTimeout
+from musacoder.verifier import buffers
+from musacoder.verifier.correctness import compare
+from musacoder.verifier.inputs import Shape, fill_inputs, raw_inputs, tensor_bytes
+from musacoder.verifier.protocol import SubjectCommand, SubjectReply, Timing
+from musacoder.verifier.quiet import QuietGate
+from musacoder.verifier.stages import stage
+from musacoder.verifier.timing import (
+    LEFT_RUNNING_MS,
+    left_running,
+    moved_out,
+    paired_speedup,
+    plan_calls,
+    rse,
+)
+
+# positions compared in each call's output row after a round, at most (every call's row is checked: a call the
+# candidate skipped or deferred leaves its poisoned row)
+SPOT_POSITIONS = 1 << 16
+
+
+@dataclass
+class Block:
+    """A timed block as the judge's clock saw it (ms): the calls (`go` to `done`), the subject's preparation
+    (command to `ready`) and the read-back (`done` to the reply)."""
+
+    ms: float = 0.0
+    prepare_ms: float = 0.0
+    readback_ms: float = 0.0
+    reply: SubjectReply | None = None
+
+
+class Window:
+    def __init__(self, run, alone: bool):
+        self.run, self.alone = run, alone
+        self.j, self.cfg, self.f, self.rng = run.j, run.cfg, run.f, run.rng
+        self.ms = {"ref": [], "cand": [], "comp": []}  # per call, counted rounds
+        self.outside = {"ref": [], "cand": []}  # per block: preparation + read-back (ms), counted rounds
+        self.ref_self: list[float] = []
+        self.sets: dict[str, list] = {"ref": [], "cand": []}  # per set: the judge's tensors
+        self.refs: dict[str, list] = {"ref": [], "cand": []}  # per set: what the subject opens
+        self.rows: dict[str, tuple] = {}  # arm -> (row tensors per output leaf, their refs)
+        self.sent = {"ref": False, "cand": False, "comp": False}  # the arm's process has this window's sets
+
+    # ---- the window -------------------------------------------------------------------------------------------------
+    def go(self) -> bool:
+        """Time the candidate; True when it is to be timed again alone (side-by-side window, device busy after it)."""
+        run, f, tc = self.run, self.f, self.cfg.timing
+        backend = self.j.backend
+        with stage(f, "timing_compile_baseline"):
+            compiled = "compile" in tc.baselines and self._compiled()
+        self.arms = ["ref", "cand"] + (["comp"] if compiled else [])
+        self.j.settle()
+        with stage(f, "timing_plan"):
+            floor = run.floor()
+            continued = self._continued()
+            self.calls = self._plan()
+        with stage(f, "timing_allocate"):
+            self._allocate()
+        idle = run.idle_cpu()
+        gate = QuietGate(run.cand.pid, self.j.device, backend.synchronize) if self.j.device.type != "cpu" else None
+        t_begin, rounds = time.perf_counter(), 0
+        try:
+            while True:
+                with stage(f, "timing_fill"):
+                    self._fill()
+                order = list(self.arms)
+                self.rng.shuffle(order)  # a secret arm order: nothing can time itself against a fixed sequence
+                got = {}
+                with stage(f, "timing_blocks"):
+                    for arm in order:
+                        if arm in self.arms:
+                            got[arm] = self._block(arm, gate, idle)
+                with stage(f, "timing_check"):
+                    problem = self._check_rows(rounds)
+                if problem:
+                    f.spot_check = problem
+                    return False
+                if rounds >= tc.warmup:
+                    for arm in self.arms:
+                        self.ms[arm].append(got[arm].ms / self.calls)
+                    for arm in ("ref", "cand"):
+                        self.outside[arm].append(got[arm].prepare_ms + got[arm].readback_ms)
+                    self.ref_self.append(got["ref"].reply.self_ms / self.calls)
+                rounds += 1
+                n = len(self.ms["cand"])
+                if n >= tc.max_reps:
+                    break
+                if n >= tc.min_reps and (max(rse(s) for s in self.ms.values() if s) < tc.rse_target
+                                         or time.perf_counter() - t_begin > tc.budget_s):
+                    break
+        except (WorkerTimeout, WorkerDied):
+            raise
+        except BaseException as e:
+            f.timing_error = str(e)[-2000:]
+            return False
+        finally:
+            if gate is not None:
+                gate.resume()
+        idle.stop()
+        if self._continued() != continued:
+            f.busy_after_return = ("the reference's or the judge's process was stopped and continued while timed "
+                                   "(a signal from another process): no speed can be measured")
+            return False
+        waits = None
+        if gate is not None:
+            waits = gate.waits
+            quiet_after_kill = None
+            if waits["cand"] and statistics.median(waits["cand"]) > LEFT_RUNNING_MS:  # busy after its blocks: whose?
+                if not self.alone:  # its work or the neighbours'? Asked after the window, its leftovers would have
+                    return True  # drained: timed again alone instead (judge.go)
+                run.close_candidate()
+                quiet_after_kill = gate.quiet_now()
+            f.busy_after_return = left_running(waits["cand"], waits["ref"], quiet_after_kill)
+            if f.busy_after_return:
+                return False
+        if self.j.backend.device_type == "cpu" and idle.busy(sum(self.ms["ref"]) * self.calls / 1e3):
+            f.busy_after_return = (f"the candidate process used {idle.ns / 1e6:.1f} ms of CPU after forward returned, "
+                                   "between its timed blocks (work left running in the background)")
+            return False
+        self._report(floor, waits)
+        return False
+
+    def _report(self, floor: float, waits):
+        f, ms, n = self.f, self.ms, self.calls
+        included = moved_out(self.outside["cand"], self.outside["ref"])
+        ref, cand = ms["ref"], ms["cand"]
+        if included:  # work moved out of the timed stretch is paid for: the time outside it counts on both sides
+            ref = [a + b / n for a, b in zip(ref, self.outside["ref"])]
+            cand = [a + b / n for a, b in zip(cand, self.outside["cand"])]
+        sp, lo, hi = paired_speedup(ref, cand, self.rng)
+        cms = statistics.median(cand)
+        comp = ms["comp"]
+        f.timing = Timing(method="judge", graphs=self.graph, candidate_ms=cms, reference_ms=statistics.median(ref),
+                          speedup=sp, speedup_low=lo, speedup_high=hi, rse=rse(cand), reps=len(cand), calls=n,
+                          floor_ms=floor, threads=self.j.threads, reference_self_ms=statistics.median(self.ref_self),
+                          outside_ms=[round(statistics.median(self.outside[a]), 4) for a in ("cand", "ref")],
+                          outside_included=included,
+                          quiet_wait_ms=None if not waits else [round(statistics.median(waits[a]), 4)
+                                                                for a in ("cand", "ref")],
+                          compile_ms=statistics.median(comp) if comp else None,
+                          compile_speedup=statistics.median(comp) / cms if comp else None)
+
+    # ---- one block ------------------------------------------------------------------------------------------------
+    def _block(self, arm: str, gate: QuietGate | None, idle) -> Block | None:
+        """One block of `arm` after a flushed cache on a synchronised device (None: a compile baseline that could
+        not be captured, left out)."""
+        run, backend = self.run, self.j.backend
+        if self.cfg.timing.l2_flush:
+            backend.flush_cache()
+        backend.synchronize()
+        side = "cand" if arm == "cand" else "ref"
+        rows = self.rows.get(arm)
+        cmd = SubjectCommand(op="block", shape_key="compiled" if arm == "comp" else run.base["key"],
+                             sets=None if self.sent[arm] else self.refs[side], graph=self.graph,
+                             outputs=None if rows is None else rows[1])
+        self.sent[arm] = True
+        if arm == "cand":
+            idle.stop()
+            if gate is not None:
+                gate.resume()
+            subject, on_build = run.cand, run.j._serve_builds(run.builds)
+        else:
+            subject, on_build = run.j._reference(), None
+        got = subject.block(cmd, run.left(), on_build, spin=self.j.device.type != "cpu")
+        r = got.reply
+        if self.graph and cmd.sets is not None and not r.graphed:
+            if arm != "comp":
+                raise RuntimeError(f"the {arm} arm could not be captured as a CUDA graph this time")
+            self.arms.remove("comp")  # a compile baseline that cannot be replayed is left out, not timed otherwise
+            return None
+        if arm == "cand":
+            run.note(r)
+            idle.start()  # from its reply to its next block, the candidate's process must not compute
+            if gate is not None:
+                gate.stop()
+        if not r.ok:
+            raise RuntimeError(r.error)
+        if r.misfit >= 0:
+            raise RuntimeError(f"timed call {r.misfit} returned {_describe(r)}, unlike the correctness trials")
+        if gate is not None and arm != "comp":  # the next block starts on a quiet device
+            gate.wait(side)
+        return got
+
+    # ---- planning and buffers -------------------------------------------------------------------------------------
+    def _compiled(self) -> bool:
+        run, b = self.run, self.run.base
+        r = run.rcall(SubjectCommand(op="build_model", shape_key="compiled", weight_seed=run.weight_seed,
+                                     precision=self.cfg.precision, compiled=True))
+        return r.ok and run.rcall(SubjectCommand(op="run", shape_key="compiled", inputs=b["in_ref"])).ok
+
+    def _continued(self) -> int:
+        """SIGCONTs the reference's and the judge's processes received: they are never stopped on purpose."""
+        return self.run.rcall(SubjectCommand(op="ping")).continued + self.j.continued()
+
+    def _plan(self) -> int:
+        """Whether the window replays CUDA graphs (both sides must capture; timing.graphs), and the calls a block
+        (timing.plan_calls), from probe blocks of 1 and 8 calls on the base trial's inputs, three of each: the
+        difference of their medians is 7 calls without the round trip. Both arms are probed and the faster sizes the
+        block, so it too lasts `block_ms`. A probe lost in noise is bounded below by a 64th of the arm's fastest
+        correctness-trial call (forward, output copy, synchronisation and the round trip)."""
+        b, tc = self.run.base, self.cfg.timing
+        self.graph = tc.graphs and self.j.device.type == "cuda"
+        per_call = self._probe()
+        if per_call is None:  # a side could not be captured: eager calls on both
+            self.graph = False
+            per_call = self._probe()
+        set_bytes, out_bytes = tensor_bytes(b["shared"]), tensor_bytes(b["ref_out"])
+        backend = self.j.backend
+        return plan_calls(per_call, set_bytes, out_bytes, backend.cache_bytes(), tc.block_ms, tc.block_mem_gb * 2**30,
+                          backend.free_bytes())
+
+    def _probe(self) -> float | None:
+        """The faster side's time a call, probed; None when a side could not be captured as a graph."""
+        run, b = self.run, self.run.base
+        per_call = []
+        for side in ("ref", "cand"):
+            subject = run.cand if side == "cand" else self.j._reference()
+            inputs = b["in"] if side == "cand" else b["in_ref"]
+            times: dict[int, list[float]] = {1: [], 8: []}
+            for n in (1, 1, 1, 8, 8, 8):
+                fresh = not times[n]  # the sets (and a capture) with the first block of each size
+                cmd = SubjectCommand(op="block", shape_key=b["key"], sets=[inputs] * n if fresh else None,
+                                     graph=self.graph)
+                got = subject.block(cmd, run.left(), run.j._serve_builds(run.builds) if side == "cand" else None,
+                                    spin=self.j.device.type != "cpu")
+                r = got.reply
+                if side == "cand":
+                    run.note(r)
+                if not r.ok:
+                    raise RuntimeError(r.error)
+                if self.graph and not r.graphed:
+                    return None
+                times[n].append(got.ms)
+            probe = (statistics.median(times[8]) - statistics.median(times[1])) / 7
+            per_call.append(max(probe, run.trial_call_ms[side] / 64, 1e-4))
+        return min(per_call)
+
+    def _allocate(self):
+        """The window's input sets, twice (the candidate's copy in its own directory or memory pool, read-only to it
+        where the platform allows; the reference's in the judge's), and the read-back rows: one [calls, ...] buffer per
+        output tensor for each arm that is checked. A block of one call (large tensors) uses the base trial's buffers:
+        a window then costs the judge no memory beyond the trials'."""
+        run, b = self.run, self.run.base
+        if self.calls == 1:
+            self.sets = {"cand": [b["shared"]], "ref": [b["shared_ref"]]}
+            self.refs = {"cand": [b["in"]], "ref": [b["in_ref"]]}
+            for arm, outs, refs in (("cand", b["cand_out"], b["cand_refs"]), ("ref", b["ref_out"], b["ref_refs"])):
+                views = [None if t is None else buffers.prefix_view(t, ref, [1, *t.shape], t.dtype)
+                         for t, ref in zip(outs, refs)]
+                self.rows[arm] = ([v and v[0] for v in views], [v and v[1] for v in views])
+            return
+        for _ in range(self.calls):
+            for side in ("cand", "ref"):
+                tensors, refs = run.share(b["layout"], side)
+                self.sets[side].append(tensors)
+                self.refs[side].append(refs)
+        for arm in ("cand", "ref"):
+            rows, refs = [], []
+            for leaf in b["spec"].leaves:
+                if not leaf["tensor"]:
+                    rows.append(None)
+                    refs.append(None)
+                    continue
+                t, ref = run.alloc_buffer([self.calls, *leaf["shape"]], buffers.DTYPE_NAMES[leaf["dtype"]],
+                                          candidate=arm == "cand")
+                rows.append(t)
+                refs.append(ref)
+            self.rows[arm] = (rows, refs)
+
+    def _fill(self):
+        """Fresh values in every input set (a new secret seed each), written into the reference's copy, which no
+        candidate can map, then copied into the candidate's; the candidate's rows poisoned, so a call whose output is
+        not read back leaves values no reference has."""
+        run = self.run
+        for k in range(self.calls):
+            seed = self.rng.randrange(1, 2**31)
+            raw = raw_inputs(run.task, Shape(), seed, self.j.device)
+            fill_inputs(self.sets["ref"][k], raw, seed, self.j.device, self.cfg.precision)
+            del raw
+            for c, r in zip(self.sets["cand"][k], self.sets["ref"][k]):
+                if isinstance(c, torch.Tensor):
+                    c.copy_(r)
+        for t in self.rows["cand"][0]:
+            if t is not None:
+                buffers.poison(t, self.rng.randrange(1, 2**31))
+        self.j.backend.synchronize()
+
+    def _check_rows(self, round_: int) -> str:
+        """Every call's output row against the reference's, at the same secret positions of each row; one whole row
+        too, drawn in secret. A reason when a call's output is wrong."""
+        tol = self.cfg.tolerance()
+        rng = random.Random(self.rng.randrange(1, 2**63))
+        whole = rng.randrange(self.calls)
+        for leaf, (c, r) in enumerate(zip(self.rows["cand"][0], self.rows["ref"][0])):
+            if c is None:
+                continue
+            cv, rv = c.reshape(self.calls, -1), r.reshape(self.calls, -1)
+            n = cv.shape[1]
+            if n > max(1, SPOT_POSITIONS // self.calls):
+                gen = torch.Generator(device=c.device).manual_seed(rng.randrange(1, 2**31))
+                idx = torch.randint(0, n, (max(1, SPOT_POSITIONS // self.calls),), device=c.device, generator=gen)
+                cv, rv = cv[:, idx], rv[:, idx]
+            if not compare(cv, rv, tol).ok:  # all rows at once; the failing call named only on failure
+                for k in range(self.calls):
+                    res = compare(cv[k], rv[k], tol)
+                    if not res.ok:
+                        return f"timed call {k} of round {round_}: {_leaf(leaf)}{res.reason}"
+            res = compare(c[whole], r[whole], tol)
+            if not res.ok:
+                return f"timed call {whole} of round {round_}: {_leaf(leaf)}{res.reason}"
+        return ""
+
+
+def _leaf(i: int) -> str:
+    return f"output {i}: " if i else ""
+
+
+def _describe(r: SubjectReply) -> str:
+    leaves = r.spec.leaves if r.spec else []
+    return ", ".join(f"{x.get('type')} {x.get('shape')} {x.get('dtype')}" if x.get("tensor") else repr(x.get("value"))
+                     for x in leaves) or "nothing"
+
+
