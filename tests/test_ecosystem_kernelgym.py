@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from musacoder.config import VerifyConfig
+from musacoder.config import TimingConfig, VerifyConfig
 from musacoder.pool.base import TASK_CONFIG, Job
 from musacoder.service.app import create_app
 from musacoder.service.kernelgym import (
@@ -48,7 +48,7 @@ def test_request_settings_map_onto_the_services_config():
     assert cfg.run_timeout_s == 120  # never above the service's limit
     cfg = request_config(base, req(num_perf_trials=500))
     assert (cfg.timing.min_reps, cfg.timing.max_reps) == (base.timing.min_reps, 500)
-    assert base.correctness.seeds == 5 and base.timing.max_reps == 200  # the service's own config is untouched
+    assert base.correctness.seeds == 5 and base.timing.max_reps == TimingConfig().max_reps  # the service's own config is untouched
     # other settings, other task name (part of the job id); same settings, same name
     names = {request_task(req(num_correct_trials=n), request_config(base, req(num_correct_trials=n))).name
              for n in (1, 1, 2)}

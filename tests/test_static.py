@@ -128,10 +128,12 @@ def test_view_ops_trace_legal():
     """The honest wrapper's zero-copy views dispatch only allowlisted ops (aten names after decomposition)."""
     import torch
 
+    from musacoder.backends import get_backend
     from musacoder.verifier.legality import OpTrace
 
     x = torch.rand(4, 8)
-    with OpTrace({"aten"}) as tr:
+    # the cpu backend's namespaces: a process configures the dispatcher tracer once (test_tracer.py shares this one)
+    with OpTrace(get_backend("cpu").torch_namespaces) as tr:
         y = torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2)))).flatten(-2)
         y.split_with_sizes([2, 2]), y.unfold(1, 2, 2), y.diagonal(), y.movedim(0, 1), y.swapaxes(0, 1)
         torch.swapdims(y, 0, 1), torch.tensor_split(y, 2)
