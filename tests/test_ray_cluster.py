@@ -6,7 +6,7 @@ equal the one-node pool's for the same inputs."""
 import time
 
 import pytest
-from test_faults_cpu import BAD_CPP, HANG, SEGFAULT
+from test_faults_cpu import BAD_CPP, HANG, IMPORT_RAISES
 from test_faults_cpu import HONEST as PLAIN_COPY
 
 from musacoder.config import VerifyConfig
@@ -23,7 +23,7 @@ from musacoder.pool.ray_cluster import DEVICE_RESOURCE, RayPool  # noqa: E402
 def _cases():
     relu = builtin_task("level1/19_ReLU")
     honest = (EXAMPLES_DIR / "cpu/honest_relu.py").read_text()
-    return [(relu, honest), (relu, HANG), (relu, "no code here"), (relu, honest), (relu, SEGFAULT),
+    return [(relu, honest), (relu, HANG), (relu, "no code here"), (relu, honest), (relu, IMPORT_RAISES),
             (relu, (EXAMPLES_DIR / "cpu/exploit_01_fallback_relu.py").read_text()), (relu, BAD_CPP), (relu, PLAIN_COPY),
             (relu, "```python\nimport subprocess\n```"), (relu, honest)]
 

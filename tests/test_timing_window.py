@@ -67,3 +67,25 @@ def test_an_honest_kernel_is_timed_in_blocks_of_calls_on_the_cpu(relu_verdict):
     # the round trip is paid once a block, not once a call: a call's share of it is far below the call
     assert d["timer_floor_ms"] / d["calls_per_block"] < 0.25 * v.eager_ms
     assert len(d["outside_ms"]) == 2 and not d["outside_included"], d
+
+
+def test_cpu_subjects_keep_what_their_allocator_frees(monkeypatch):
+    """A call's time on the cpu must not hang on where glibc's heap top happens to lie (page faults per call, 10 to
+    3,200 for the same eager call): subjects start with the tunables that keep freed pages, the user's own kept."""
+    import os
+    import subprocess
+    import sys
+
+    from musacoder.verifier.judge import steady_malloc
+
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    env = steady_malloc()
+    assert "glibc.malloc.mmap_max=0" in env["GLIBC_TUNABLES"]
+    probe = ("import resource, torch\nx = torch.rand(1 << 20)\nfor _ in range(50): (x * 2).sum()\n"
+             "f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\nfor _ in range(200): (x * 2).sum()\n"
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)")
+    faults = int(subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env},
+                                capture_output=True, text=True, check=True).stdout)
+    assert faults < 100  # 4 MiB freed and taken again 200 times (glibc's defaults: 0 to 7,000 faults, by the run)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    assert steady_malloc()["GLIBC_TUNABLES"].startswith("glibc.malloc.arena_max=2:")

@@ -5,6 +5,7 @@ unchanged. Also: the candidate process is fresh per candidate and sandboxed, and
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -46,10 +47,12 @@ def test_attackers_do_not_change_later_verdicts(cache_dir, tmp_path):
     with LocalPool(_cfg(cache_dir)) as pool:
         first = pool.submit(RELU, _src("honest_relu.py")).result()  # the attackers' targets now exist
         before = _digests(Path(cache_dir))
+        # the fresh pool's libraries: those built before any attacker ran (CI time: it builds nothing already built)
+        shutil.copytree(Path(cache_dir) / "ext", tmp_path / "fresh" / "ext")
         attacked = [pool.submit(RELU, _src(a)).result() for a in ATTACKERS]
         after = _digests(Path(cache_dir))
         victims = [pool.submit(RELU, _src(v)).result() for v in VICTIMS]
-    with LocalPool(_cfg(tmp_path / "fresh"), compile_workers=2) as pool:  # both build at once on CI's 2 cores
+    with LocalPool(_cfg(tmp_path / "fresh"), compile_workers=2) as pool:
         fresh = [f.result() for f in [pool.submit(RELU, _src(v)) for v in VICTIMS]]
 
     assert first.status.value == "ok"
@@ -67,10 +70,11 @@ def test_attackers_do_not_change_later_verdicts(cache_dir, tmp_path):
     # the reference's own clock over a block's calls is part of the judge's, which also holds the round trip
     assert 0 < honest.details["reference_self_ms"] <= honest.eager_ms
     # Two pools minutes apart on a shared 2-core machine: their speedups differ by more than one run's bootstrap
-    # interval (seen: 1.12-1.2 vs 0.98-1.07). What an attack on later verdicts looks like is a multiple (fake
-    # speedups up to 18.7x were measured before round 2), so the check is a factor, not interval overlap.
+    # interval (seen: 1.12-1.2 vs 0.98-1.07, and ratios of 0.44 and 0.52 on CI before the subjects' allocator kept its
+    # pages, judge.steady_malloc). What an attack on later verdicts looks like is a multiple (fake speedups up to
+    # 18.7x were measured before round 2), so the check is a factor, not interval overlap.
     ratio = honest.speedup_eager / fresh_honest.speedup_eager
-    assert 0.67 < ratio < 1.5, (honest.details, fresh_honest.details)
+    assert 0.5 < ratio < 2, (honest.details, fresh_honest.details)
     assert victims[1].status.value == "incorrect"
 
 

@@ -10,8 +10,8 @@ A shipped set of honest kernels (fused elementwise, reduction, GEMM, a fused lev
   the calibration exists to prove harmless. The two differ where a call is a few kernels of a few microseconds: an
   isolated call after a cache flush pays each kernel's start-up (~3-4 us a kernel on an H200), back-to-back calls do
   not (docs/benchmarks.md).
-- cpu: `torch.utils.benchmark` with the judge's thread count and OpenMP settings, inputs rotating over sets larger
-  than the last-level cache (cold, like do_bench's cleared L2).
+- cpu: `torch.utils.benchmark` with the judge's thread count, OpenMP and allocator settings (judge.steady_malloc),
+  inputs rotating over sets larger than the last-level cache (cold, like do_bench's cleared L2).
 
 A row outside its tolerance fails the run (exit 1): 5% where the reference call takes 20 us or more on a GPU, 10% from
 5 to 20 us and on the cpu; below 5 us a row is shown, not judged. `--kernelbench` adds KernelBench's own method (each
@@ -213,6 +213,7 @@ def run(backend: str = "auto", quick: bool = False, cache: str | None = None, ou
     from musacoder.pool.local import LocalPool
     from musacoder.pool.process import usable_cores
     from musacoder.tasks.model import Task
+    from musacoder.verifier.judge import steady_malloc
 
     backend = resolve(backend)
     if backend not in ("cpu", "cuda"):
@@ -250,7 +251,7 @@ def run(backend: str = "auto", quick: bool = False, cache: str | None = None, ou
                                               "graphs": bool(r["judge"].get("graphs"))} for r in rows]}))
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")  # as the judge's subjects run (judge.Subject)
         if threads:
-            env["OMP_NUM_THREADS"] = str(threads)
+            env.update(OMP_NUM_THREADS=str(threads), **steady_malloc())
         subprocess.run([sys.executable, "-m", "musacoder.bench.calibrate", "--truth", str(spec)], env=env, check=True)
         truths = json.loads(result.read_text())["rows"]
     for row, truth in zip(rows, truths):
