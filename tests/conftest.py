@@ -17,6 +17,13 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def precompiled_headers(tmp_path_factory):
+    """The builds' precompiled torch headers (verifier/pch.py) in the session's folder, not the user's: made once a
+    session for each set of flags, before any compile worker starts (they inherit the environment)."""
+    os.environ.setdefault("MUSACODER_PCH_DIR", str(tmp_path_factory.mktemp("pch")))
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
     """One build cache for the whole session, so each distinct extension builds once."""

@@ -1,8 +1,10 @@
-"""Cold builds (docs/verifier.md "Cold builds"): the light `.cu` build and its fallback in the Builder, and nvcc with
-its two front ends side by side (verifier/nvcc_overlap.py). Compile-only: nvcc builds objects here, nothing runs."""
+"""Cold builds (docs/verifier.md "Cold builds"): the light `.cu` build and its fallback in the Builder, nvcc with
+its two front ends side by side (verifier/nvcc_overlap.py), and the precompiled torch header of C++ builds
+(verifier/pch.py). Compile-only: nvcc builds objects here, nothing runs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -19,7 +21,7 @@ import musacoder
 from musacoder.backends import get_backend
 from musacoder.backends.cpu import CpuBackend
 from musacoder.backends.cuda import light_cuda_sources
-from musacoder.verifier import nvcc_overlap
+from musacoder.verifier import nvcc_overlap, pch
 from musacoder.verifier.build import Builder
 
 CUDA_EXAMPLES = sorted((Path(musacoder.__file__).parent / "examples" / "cuda").glob("*.py"))
@@ -260,3 +262,47 @@ def test_cuda_builder_runs_nvcc_overlap_through_torchs_ninja_and_falls_back(tmp_
     compiles = [json.loads(line) for line in (tmp_path / "times.jsonl").read_text().splitlines()]
     assert [c["status"] != 0 for c in compiles] == [True, False]  # the light `.cu` (#error), then the own
     assert reply.kernels == ["scale"] or any("scale" in k for k in reply.kernels)
+
+
+def test_a_precompiled_header_only_for_flags_that_cannot_bring_their_own_headers(monkeypatch):
+    plain = {"cpp_sources": "int x;", "extra_cflags": ["-O3", "-fopenmp"]}
+    name = pch.key(plain, "inline")
+    assert name and name == pch.key(dict(plain, cpp_sources="int y;"), "inline")  # the flags name it, not the code
+    assert name != pch.key(dict(plain, extra_cflags=["-O2"]), "inline")
+    for bad in (["-include", "/tmp/x.h"], ["-I/tmp"], ["-isystem", "/tmp"], ["-fplugin=/tmp/p.so"], ["@/tmp/flags"]):
+        assert pch.key(dict(plain, extra_cflags=bad), "inline") is None, bad
+    assert pch.key(dict(plain, extra_include_paths=["/tmp"]), "inline") is None
+    assert pch.key(dict(plain, cuda_sources="__global__ void k() {}"), "inline") is None
+    assert pch.key(plain, "files") is None
+    monkeypatch.setenv("MUSACODER_PCH", "0")
+    assert pch.key(plain, "inline") is None
+
+
+@pytest.mark.slow  # three builds and the PCH: ~2.5 min of CI's 2 cores (every later CI build uses the session's PCH)
+def test_a_build_after_the_precompiled_header_uses_it_and_builds_the_same(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("MUSACODER_PCH_DIR", str(tmp_path / "pch"))
+    builder = Builder(tmp_path / "cache", CpuBackend())
+    src = "torch::Tensor twice(torch::Tensor x) { return x * %d; }"
+
+    def build(n):
+        t0 = time.perf_counter()
+        r = builder.build({"name": "e", "cpp_sources": src % n, "functions": ["twice"], "extra_cflags": ["-O2"]})
+        assert not r.error, r.error
+        return r, time.perf_counter() - t0
+
+    first, cold = build(2)
+    deadline = time.monotonic() + 300
+    while pch.ready(pch.key({"extra_cflags": ["-O2"]}, "inline")) is None and time.monotonic() < deadline:
+        time.sleep(1)
+    second, warm = build(3)
+    ninja = (Path(second.path).parent / "build.ninja").read_text()
+    assert str(tmp_path / "pch") in ninja and str(tmp_path / "pch") not in (Path(first.path).parent / "build.ninja").read_text()
+    assert warm < 0.8 * cold, (cold, warm)
+    spec = importlib.util.spec_from_file_location(Path(second.path).stem, second.path)
+    import torch
+
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert torch.equal(mod.twice(torch.ones(3)), torch.full((3,), 3.0))

@@ -356,17 +356,21 @@ def _run(task: Task, code: str, cfg: VerifyConfig, cmd: ProfileCommand, timeout_
     from musacoder.backends import get_backend
     from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout
     from musacoder.verifier.build import Builder
+    from musacoder.verifier.judge import steady_malloc
     from musacoder.verifier.protocol import BuildRequest, ProfileCommand, ProfileReply
 
     backend = get_backend(cfg.backend)
     builder = Builder(cfg.cache_dir, backend)
     private = Path(tempfile.mkdtemp(prefix="musacoder-profile-"))
     # the environment of the verifier's subjects, so the profile is taken as MooreEval's times were
-    env = {"TMPDIR": str(private), "TRITON_CACHE_DIR": str(private / "triton"),
+    # (the private directory in the environment, not argv, which every process can read)
+    env = {"MUSACODER_PRIVATE": str(private), "TMPDIR": str(private), "TRITON_CACHE_DIR": str(private / "triton"),
            "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"), "OMP_WAIT_POLICY": "PASSIVE"}
-    if backend.device_type == "cpu" and cfg.worker_mem_gb > 0:
-        env["MUSACODER_PROFILE_MEM_GB"] = str(cfg.worker_mem_gb)
-    argv = ["musacoder.synth.profiling", "--backend", backend.name, "--private", str(private), "--sandbox"]
+    if backend.device_type == "cpu":
+        env.update(steady_malloc())
+        if cfg.worker_mem_gb > 0:
+            env["MUSACODER_PROFILE_MEM_GB"] = str(cfg.worker_mem_gb)
+    argv = ["musacoder.synth.profiling", "--backend", backend.name, "--sandbox"]
     if backend.device_type != "cpu":  # the driver writes under the process's own /proc entry (as for subjects)
         argv += ["--writable", "/proc/self"]
     for path in writable:
@@ -503,15 +507,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True)
     ap.add_argument("--backend", required=True)
-    ap.add_argument("--private", required=True)
     ap.add_argument("--sandbox", action="store_true")
     ap.add_argument("--writable", action="append", default=[])
     args = ap.parse_args(argv)
+    private = os.environ["MUSACODER_PRIVATE"]
     sandbox = "none"
     if args.sandbox:  # before any import can start a thread (Landlock binds this thread and its future children)
         from musacoder.verifier.sandbox import restrict_writes
 
-        sandbox = restrict_writes(args.private, [os.path.realpath(p) for p in args.writable])
+        sandbox = restrict_writes(private, [os.path.realpath(p) for p in args.writable])
     mem_gb = float(os.environ.get("MUSACODER_PROFILE_MEM_GB", "0"))
     if mem_gb > 0:  # as the verifier caps its cpu workers: a memory bomb fails here, not the host
         import resource
@@ -525,7 +529,7 @@ def main(argv=None):
     conn = Connection(args.fd)
     adopt_orphans_and_follow_parent()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the program's prints must not reach the pipe
-    child = _Child(conn, args.backend, args.private)
+    child = _Child(conn, args.backend, private)
     send(conn, Hello(pid=os.getpid(), sandbox=sandbox))
     child.loop()
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from musacoder.verifier import pch
 from musacoder.verifier.protocol import BuildReply
 
 # Extension APIs by name (Backend.extension_apis): modules whose load_inline/load a candidate may call.
@@ -133,7 +134,8 @@ class Builder:
         torch's umbrella header, docs/verifier.md "Cold builds"). A light build that does not compile is set aside
         unreported and the candidate's own sources are built, so errors are always those of what it wrote; in the
         same folder, where ninja keeps what did compile (the bindings' object). `light` in the folder says which
-        build the library is. MUSACODER_PLAIN_BUILDS=1: torch's loader as it is (scripts/cold_build.py's "before")."""
+        build the library is. A C++ build uses a precompiled torch header once one is made for its flags (pch.py).
+        MUSACODER_PLAIN_BUILDS=1: torch's loader as it is (scripts/cold_build.py's "before")."""
         api = extension_api(self.backend.extension_apis[-1])
         if os.environ.get("MUSACODER_PLAIN_BUILDS") == "1":
             return _compile(api, kind, arguments, name, build_dir)
@@ -147,7 +149,12 @@ class Builder:
             except Exception as e:
                 if "Error building extension" not in str(e):  # not the compiler's verdict (interrupted): as before
                     raise
-        _compile(api, kind, arguments, name, build_dir, env)
+        pch_name = pch.key(arguments, kind)
+        folder = pch.ready(pch_name) if pch_name else None
+        _compile(api, kind, dict(arguments, extra_include_paths=[folder]) if folder else arguments, name, build_dir,
+                 env)
+        if pch_name and not folder:
+            pch.start(pch_name, build_dir)
 
 
 def _compile(api: ExtensionApi, kind: str, arguments: dict, name: str, build_dir: Path,
