@@ -76,6 +76,7 @@ def test_long_conversations_stop(cpu_config):
     assert len(trajs[0].rounds) == 1 and st.stopped_long == 1
 
 
+@pytest.mark.slow  # CI time (a build in a fresh cache): tests/test_bench_runner.py repairs on turn two through it too
 def test_repaired_on_turn_two_by_the_real_verifier(cpu_config, tmp_path):
     from dataclasses import replace
 

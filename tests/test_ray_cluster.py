@@ -48,6 +48,7 @@ def cluster():
     c.shutdown()
 
 
+@pytest.mark.slow  # CI time: ~2.5 min of CI's 2 cores (three Ray nodes, a node's own builds); `make test-all`
 def test_cluster_matches_one_node_and_survives_a_lost_node(cluster, cfg):
     c, nodes = cluster
     cases = _cases()

@@ -122,7 +122,8 @@ def test_a_candidate_cannot_read_a_hidden_process_proc_entries(tmp_path):
     assert "'status READ'" in sandboxed
 
 
-@pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
+# spawned subjects (verify.fork_subjects=false) in `make test-all`, for CI time
+@pytest.mark.parametrize("fork", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["forked", "spawned"])
 def test_each_candidate_runs_in_a_fresh_process(cache_dir, fork):
     """The same candidate verified twice runs in two different candidate processes under one judge, forked from the
     judge's pre-imported server or (`verify.fork_subjects=false`) started from scratch."""
