@@ -269,7 +269,8 @@ def test_a_precompiled_header_only_for_flags_that_cannot_bring_their_own_headers
     name = pch.key(plain, "inline")
     assert name and name == pch.key(dict(plain, cpp_sources="int y;"), "inline")  # the flags name it, not the code
     assert name != pch.key(dict(plain, extra_cflags=["-O2"]), "inline")
-    for bad in (["-include", "/tmp/x.h"], ["-I/tmp"], ["-isystem", "/tmp"], ["-fplugin=/tmp/p.so"], ["@/tmp/flags"]):
+    for bad in (["-include", "/tmp/x.h"], ["-I/tmp"], ["-isystem", "/tmp"], ["-fplugin=/tmp/p.so"], ["@/tmp/flags"],
+                ["-Wp,-include,/tmp/x.h"], ["-Xpreprocessor", "-include"]):
         assert pch.key(dict(plain, extra_cflags=bad), "inline") is None, bad
     assert pch.key(dict(plain, extra_include_paths=["/tmp"]), "inline") is None
     assert pch.key(dict(plain, cuda_sources="__global__ void k() {}"), "inline") is None

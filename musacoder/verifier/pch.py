@@ -28,7 +28,7 @@ from pathlib import Path
 KEEP = 4
 STALE_S = 900  # a lock older than this was left by a compiler that died
 _UNSAFE = ("-I", "-isystem", "-iquote", "-idirafter", "-include", "-imacros", "--include", "-fplugin", "-B", "@",
-           "-nostdinc", "--sysroot", "-isysroot", "-iprefix", "-specs", "--specs")
+           "-nostdinc", "--sysroot", "-isysroot", "-iprefix", "-specs", "--specs", "-Wp,", "-Xpreprocessor")
 
 
 def root() -> Path:
@@ -107,6 +107,8 @@ def _start(name: str, build_dir: Path) -> None:
 
     folder = base / name / "torch"
     folder.mkdir(parents=True, exist_ok=True)
+    for left in folder.glob("extension.h.gch.*"):  # a killed maker's partial PCH (~0.8 GB): the lock is ours now
+        left.unlink(missing_ok=True)
     link = folder / "extension.h"  # GCC wants the header beside its PCH for a later `#include` of it (#pragma once)
     if not link.is_symlink():
         link.symlink_to(_header())
