@@ -4,13 +4,16 @@ Shipped honest CUDA kernels, each made new for every verification (a unique cons
 cache anywhere has it), are verified one at a time by a warm pool (one compile worker, one judge; default strict
 profile, timing on) with a fresh cache per mode:
 - before: MUSACODER_PLAIN_BUILDS=1, torch's loader as it is (the `.cu` with its own headers, plain nvcc);
-- after: the builder as shipped (the light `.cu` first, nvcc's front ends side by side; docs/verifier.md).
+- after: the builder's `.cu` levers (the light `.cu` first, nvcc's front ends side by side; docs/verifier.md), no
+  precompiled header (MUSACODER_PCH=0): a host's very first build;
+- pch: as shipped, once the precompiled torch header for the bindings' flags exists (verifier/pch.py): one unmeasured
+  verification first, then a wait for its PCH, in a fresh PCH folder.
 Prints per kernel and mode the wall time from submission to verdict, the compile stage, the verdict and which build
-the library is (light / own); for `after`, the median seconds of each nvcc step of the `.cu` builds. Exits non-zero
-when a verdict is not the catalog's or a mode fails. Needs no network (Python 3.12, torch + CUDA, nvcc on PATH).
+the library is (light / own, +pch); for `after`, the median seconds of each nvcc step of the `.cu` builds. Exits
+non-zero when a verdict is not the catalog's or a mode fails. Needs no network (Python 3.12, torch + CUDA, nvcc).
 
-    python scripts/cold_build.py                                   # both modes, 3 kernels, once each
-    python scripts/cold_build.py --modes after --kernels honest_relu,honest_softmax --repeats 2
+    python scripts/cold_build.py                                   # all three modes, 3 kernels, once each
+    python scripts/cold_build.py --modes pch --kernels honest_relu,honest_softmax --repeats 2
 """
 
 from __future__ import annotations
@@ -44,17 +47,28 @@ def fresh(code: str) -> str:
 
 
 def run_mode(mode: str, examples, repeats: int) -> list[dict]:
+    # read by the compile worker the pool starts
+    os.environ.pop("MUSACODER_PLAIN_BUILDS", None)
+    os.environ.pop("MUSACODER_PCH", None)
     if mode == "before":
-        os.environ["MUSACODER_PLAIN_BUILDS"] = "1"  # read by the compile worker the pool starts
-    else:
-        os.environ.pop("MUSACODER_PLAIN_BUILDS", None)
+        os.environ["MUSACODER_PLAIN_BUILDS"] = "1"
+    elif mode == "after":
+        os.environ["MUSACODER_PCH"] = "0"
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"cold-{mode}-") as cache:
         times = Path(cache) / "nvcc-steps.jsonl"
         os.environ["MUSACODER_NVCC_TIMES"] = str(times)
+        os.environ["MUSACODER_PCH_DIR"] = str(Path(cache) / "pch")
         cfg = VerifyConfig(backend="cuda", cache_dir=cache)
         with LocalPool(cfg, compile_workers=1, devices=1) as pool:
             list(pool.verify_many([(builtin_task("level1/19_ReLU"), WARMUP)]))
+            if mode == "pch":
+                list(pool.verify_many([(builtin_task(examples[0].task), fresh(examples[0].code))]))
+                deadline = time.monotonic() + 300
+                while not _pch_made(Path(cache) / "pch") and time.monotonic() < deadline:
+                    time.sleep(1)
+                print(f"pch: made = {_pch_made(Path(cache) / 'pch')}", file=sys.stderr, flush=True)
+                times.unlink(missing_ok=True)  # the priming build's nvcc steps are not the measured ones
             time.sleep(10)  # the compile worker's own start (its subjects' zygote) is not the candidate's
             for r in range(repeats):
                 for e in examples:
@@ -63,15 +77,23 @@ def run_mode(mode: str, examples, repeats: int) -> list[dict]:
                     wall = time.perf_counter() - t0
                     keys = [b.get("key") for b in v.details.get("builds", []) if b.get("key")]
                     light = [(Path(cache) / "ext" / k / "light").exists() for k in keys]
+                    with_pch = any(str(Path(cache) / "pch") in (Path(cache) / "ext" / k / "build.ninja").read_text()
+                                   for k in keys if (Path(cache) / "ext" / k / "build.ninja").exists())
                     rows.append({"mode": mode, "kernel": e.name, "repeat": r, "wall_s": wall,
                                  "compile_s": v.stage_seconds.get("compile", float("nan")), "status": v.status.value,
-                                 "expected": e.accepted, "build": "light" if all(light) and light else "own",
+                                 "expected": e.accepted,
+                                 "build": ("light" if all(light) and light else "own") + ("+pch" if with_pch else ""),
                                  "reason": (v.reason or "")[:200]})
                     print(json.dumps(rows[-1], default=str), file=sys.stderr, flush=True)
         steps = [json.loads(line) for line in times.read_text().splitlines()] if times.exists() else []
     for row in rows:
         row["nvcc_steps"] = steps
     return rows
+
+
+def _pch_made(folder: Path) -> bool:
+    """A PCH is in the folder and none is still being made."""
+    return any(folder.glob("*/torch/extension.h.gch")) and not any(folder.glob("*.lock"))
 
 
 def step_table(steps: list[dict]) -> str:
@@ -92,7 +114,7 @@ def step_table(steps: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernels", default=DEFAULT_KERNELS, help="comma-separated names of shipped honest CUDA kernels")
-    ap.add_argument("--modes", default="before,after")
+    ap.add_argument("--modes", default="before,after,pch")
     ap.add_argument("--repeats", type=int, default=1)
     a = ap.parse_args()
     catalog = {e.name: e for e in load_catalog("cuda") if e.honest}
@@ -103,8 +125,8 @@ def main() -> int:
               file=sys.stderr)
         return 2
     modes = a.modes.split(",")
-    if not set(modes) <= {"before", "after"}:
-        print("error: --modes takes before, after or both", file=sys.stderr)
+    if not set(modes) <= {"before", "after", "pch"}:
+        print("error: --modes takes one or more of before, after, pch", file=sys.stderr)
         return 2
     examples = [catalog[n] for n in names]
     host = f"{os.cpu_count()} cores"
@@ -125,10 +147,11 @@ def main() -> int:
     for m in modes:
         walls = [r["wall_s"] for r in rows if r["mode"] == m]
         print(f"\n{m}: median first verdict {statistics.median(walls):.1f} s (max {max(walls):.1f} s)")
-    after = [r for r in rows if r["mode"] == "after"]
-    if after and after[0]["nvcc_steps"]:
-        print("\nafter: nvcc steps of the `.cu` builds (verifier/nvcc_overlap.py; the front ends run side by side)\n")
-        print(step_table(after[0]["nvcc_steps"]))
+    for m in ("after", "pch"):
+        mine = [r for r in rows if r["mode"] == m]
+        if mine and mine[0]["nvcc_steps"]:
+            print(f"\n{m}: nvcc steps of the `.cu` builds (verifier/nvcc_overlap.py; the front ends side by side)\n")
+            print(step_table(mine[0]["nvcc_steps"]))
     wrong = [r for r in rows if r["status"] not in r["expected"]]
     for r in wrong:
         print(f"error: {r['kernel']} ({r['mode']}): {r['status']}, expected {'/'.join(r['expected'])}: {r['reason']}",

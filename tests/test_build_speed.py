@@ -273,7 +273,10 @@ def test_a_precompiled_header_only_for_flags_that_cannot_bring_their_own_headers
                 ["-Wp,-include,/tmp/x.h"], ["-Xpreprocessor", "-include"]):
         assert pch.key(dict(plain, extra_cflags=bad), "inline") is None, bad
     assert pch.key(dict(plain, extra_include_paths=["/tmp"]), "inline") is None
-    assert pch.key(dict(plain, cuda_sources="__global__ void k() {}"), "inline") is None
+    cuda = pch.key(dict(plain, cuda_sources="__global__ void k() {}"), "inline")
+    assert cuda and cuda != name  # the bindings of a CUDA build have CUDA's include paths: a PCH of their own
+    assert pch.key(dict(plain, cuda_sources="k", no_implicit_headers=True), "inline") is None
+    assert pch.key(dict(plain, musa_sources="k"), "inline") is None
     assert pch.key(plain, "files") is None
     monkeypatch.setenv("MUSACODER_PCH", "0")
     assert pch.key(plain, "inline") is None
@@ -307,3 +310,46 @@ def test_a_build_after_the_precompiled_header_uses_it_and_builds_the_same(tmp_pa
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert torch.equal(mod.twice(torch.ones(3)), torch.full((3,), 3.0))
+
+
+@needs_nvcc
+@pytest.mark.slow  # two CUDA builds and the PCH: ~3 min of 2 cores
+def test_a_cuda_builds_bindings_use_the_precompiled_header(tmp_path, monkeypatch):
+    """The C++ side of a CUDA build (`main.cpp`, torch's umbrella header and the bindings) compiles from the PCH made
+    after the first build with those flags, and the `.cu` (same `-I` folder) still builds. Compile and link only, with
+    the stand-in CUDA libraries of the test above."""
+    import time
+
+    nvcc_home = Path(subprocess.run([NVCC, "--dryrun", "-c", "x.cu"], capture_output=True, text=True).stderr
+                     .split("TOP=")[1].split()[0]).resolve()
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(nvcc_home))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    monkeypatch.delenv("PYTORCH_NVCC", raising=False)
+    monkeypatch.setenv("MUSACODER_PCH_DIR", str(tmp_path / "pch"))
+    stand_ins = tmp_path / "lib"
+    stand_ins.mkdir()
+    for lib in ("c10_cuda", "torch_cuda"):
+        subprocess.run(["cc", "-shared", "-x", "c", "/dev/null", "-o", str(stand_ins / f"lib{lib}.so")], check=True)
+    builder = Builder(tmp_path / "cache", get_backend("cuda"))
+    cuda = KERNEL + "torch::Tensor twice(torch::Tensor x) { launch(x.data_ptr<float>(), %d.f, x.numel()); return x; }\n"
+
+    def build(n):
+        reply = builder.build({"name": "k", "cpp_sources": "torch::Tensor twice(torch::Tensor x);",
+                               "cuda_sources": cuda % n, "functions": ["twice"], "extra_ldflags": [f"-L{stand_ins}"],
+                               "_kind": "inline", "_api": "torch"})
+        assert not reply.error, reply.error[-1500:]
+        folder = Path(reply.path).parent
+        start, end = next(line.split("\t")[:2] for line in (folder / ".ninja_log").read_text().splitlines()
+                          if line.endswith(("\tmain.o", "\tmain.o\t")) or "\tmain.o\t" in line)
+        return folder, int(end) - int(start)
+
+    first, cold = build(2)
+    name = pch.key({"cuda_sources": "x"}, "inline")
+    deadline = time.monotonic() + 400
+    while pch.ready(name) is None and time.monotonic() < deadline:
+        time.sleep(1)
+    assert pch.ready(name), (tmp_path / "pch" / f"{name}.log").read_text()[-2000:]
+    second, warm = build(3)
+    ninja = (second / "build.ninja").read_text()
+    assert str(tmp_path / "pch") in ninja and str(tmp_path / "pch") not in (first / "build.ninja").read_text()
+    assert warm < 0.7 * cold, (cold, warm)  # main.o in ms, from ninja's own log

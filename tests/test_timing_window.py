@@ -89,3 +89,16 @@ def test_cpu_subjects_keep_what_their_allocator_frees(monkeypatch):
     assert faults < 100  # 4 MiB freed and taken again 200 times (glibc's defaults: 0 to 7,000 faults, by the run)
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
     assert steady_malloc()["GLIBC_TUNABLES"].startswith("glibc.malloc.arena_max=2:")
+
+
+def test_a_window_stops_early_only_once_the_quiet_gate_already_refuses_the_candidate():
+    from musacoder.verifier.window import _convicted
+
+    busy = {"cand": [5.0, 6.0, 5.5, 7.0], "ref": [0.05, 0.04, 0.06, 0.05]}  # device busy after its blocks only
+    assert _convicted(busy, elapsed_s=3.0, budget_s=2.0)
+    assert not _convicted(busy, elapsed_s=1.0, budget_s=2.0)  # within the budget: the window goes on
+    assert not _convicted({k: v[:3] for k, v in busy.items()}, 3.0, 2.0)  # too few pairs to decide on
+    both = {"cand": [5.0, 6.0, 5.5, 7.0], "ref": [5.2, 5.9, 5.6, 6.8]}  # another process's load: after both
+    assert not _convicted(both, 3.0, 2.0)
+    honest = {"cand": [0.05, 0.06, 0.04, 0.05], "ref": [0.05, 0.04, 0.06, 0.05]}
+    assert not _convicted(honest, 30.0, 2.0)

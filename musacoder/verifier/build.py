@@ -134,25 +134,27 @@ class Builder:
         torch's umbrella header, docs/verifier.md "Cold builds"). A light build that does not compile is set aside
         unreported and the candidate's own sources are built, so errors are always those of what it wrote; in the
         same folder, where ninja keeps what did compile (the bindings' object). `light` in the folder says which
-        build the library is. A C++ build uses a precompiled torch header once one is made for its flags (pch.py).
+        build the library is. The C++ side uses a precompiled torch header once one is made for its flags (pch.py).
         MUSACODER_PLAIN_BUILDS=1: torch's loader as it is (scripts/cold_build.py's "before")."""
         api = extension_api(self.backend.extension_apis[-1])
         if os.environ.get("MUSACODER_PLAIN_BUILDS") == "1":
             return _compile(api, kind, arguments, name, build_dir)
         env = self.backend.compiler_env()
+        pch_name = pch.key(arguments, kind)
+        folder = pch.ready(pch_name) if pch_name else None
+        extra = {"extra_include_paths": [folder]} if folder else {}
         light = self.backend.light_build(arguments) if kind == "inline" else None
+        built = False
         if light is not None:
             try:
-                _compile(api, kind, light, name, build_dir, env)
+                _compile(api, kind, {**light, **extra}, name, build_dir, env)
                 (build_dir / "light").touch()
-                return
+                built = True
             except Exception as e:
                 if "Error building extension" not in str(e):  # not the compiler's verdict (interrupted): as before
                     raise
-        pch_name = pch.key(arguments, kind)
-        folder = pch.ready(pch_name) if pch_name else None
-        _compile(api, kind, dict(arguments, extra_include_paths=[folder]) if folder else arguments, name, build_dir,
-                 env)
+        if not built:
+            _compile(api, kind, {**arguments, **extra}, name, build_dir, env)
         if pch_name and not folder:
             pch.start(pch_name, build_dir)
 

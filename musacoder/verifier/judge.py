@@ -95,11 +95,6 @@ class Subject:
                        MUSACODER_CPUS=",".join(map(str, cpus)))
         if not device:
             env[backend.visible_devices_var] = ""
-        if ipc and device:
-            # CUDA's IPC handles are documented not to open across PID namespaces (containers need --pid=host), and
-            # this path has not been run on a GPU yet (scripts/pidns_cuda_check.py): a device subject of a CUDA
-            # backend keeps the host's, with Landlock's signal scope and ptrace rule in force
-            env["MUSACODER_OWN_PIDNS"] = "0"
         argv = ["musacoder.verifier.subject", "--backend", backend.name]
         # CUDA IPC needs write access to the reference counters torch keeps in /dev/shm, and the driver writes under
         # the process's own /proc entry when it initialises (assumed of the MUSA driver too: untried); host buffers

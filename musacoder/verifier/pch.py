@@ -1,5 +1,6 @@
-"""A precompiled `torch/extension.h` for C++ builds: a cpu candidate's `load_inline` spends about half its build
-parsing torch's umbrella header (45 s -> 23 s a build on a 2-core machine, docs/benchmarks.md).
+"""A precompiled `torch/extension.h` for the C++ side of builds: a cpu candidate's `load_inline` spends about half its
+build parsing torch's umbrella header (45 s -> 23 s a build on a 2-core machine, docs/benchmarks.md), and a CUDA
+candidate's bindings (`main.cpp`) compile beside its `.cu` for about as long as the light `.cu` itself.
 
 The first build with a given set of flags runs as torch writes it; afterwards, a detached compiler makes the header's
 PCH from that build's own flags (its ninja file, less the extension's name), in the background so no build waits on it
@@ -8,8 +9,9 @@ finds `torch/extension.h.gch` before the header, and uses it only where it is va
 reads the header as before: a PCH can make a build faster, never different).
 
 Only builds whose flags cannot bring their own headers in (no include paths, `-include`, plugins or response files)
-use one. The PCHs (~0.75 GB each) live in `$MUSACODER_PCH_DIR` (default `~/.cache/musacoder/pch`), shared by every
-cache, the newest four kept; `MUSACODER_PCH=0` turns them off.
+use one. In a CUDA build the folder reaches nvcc too, where the same name resolves to the same header (a link to it)
+and GCC's check refuses the PCH under nvcc's other macros. The PCHs (~0.75 GB each) live in `$MUSACODER_PCH_DIR`
+(default `~/.cache/musacoder/pch`), shared by every cache, the newest four kept; `MUSACODER_PCH=0` turns them off.
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ def key(arguments: dict, kind: str) -> str | None:
     """The PCH's name for this build's flags, or None where the build does not use one."""
     if os.environ.get("MUSACODER_PCH") == "0" or kind != "inline" or sys.platform != "linux":
         return None
-    if arguments.get("cuda_sources") or arguments.get("sycl_sources") or arguments.get("extra_include_paths"):
-        return None
+    if any(arguments.get(k) for k in ("sycl_sources", "musa_sources", "extra_include_paths", "no_implicit_headers")):
+        return None  # other compilers, own headers, or no torch header to precompile
     flags = [str(f) for f in arguments.get("extra_cflags") or []]
+    cuda = bool(arguments.get("cuda_sources"))  # the C++ side then has CUDA's include paths and macros
     if any(f.startswith(_UNSAFE) for f in flags):
         return None
     import torch
@@ -57,6 +60,10 @@ def key(arguments: dict, kind: str) -> str | None:
     if not header.is_file():
         return None
     ident = [torch.__version__, str(header), header.stat().st_mtime_ns, get_cxx_compiler(), sys.version, flags]
+    if cuda:
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        ident += ["cuda", CUDA_HOME]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
 
 

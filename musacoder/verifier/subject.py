@@ -42,9 +42,11 @@ def main(argv=None):
     if args.sandbox:  # before any import can start a thread
         # from here on PID 1 of its own namespace (the process started stays behind as its waiter); `pid` is how the
         # judge sees it
+        # CUDA IPC opens across it (the judge stays in the host's: scripts/pidns_cuda_check.py, H200 2026-11-28);
+        # MUSACODER_OWN_PIDNS=0 is the way out where a driver or container refuses it
         pid, isolated, tmp = (own_namespace(private) if os.environ.get("MUSACODER_OWN_PIDNS") != "0" else
-                              (os.getpid(), "no pid namespace (CUDA IPC buffers: not yet run across PID namespaces on "
-                               "a GPU): a process it starts could leave its tree", []))
+                              (os.getpid(), "no pid namespace (MUSACODER_OWN_PIDNS=0): a process it starts could leave "
+                               "its tree", []))
         # realpath: /proc/self names this process's own entry only once resolved here
         sandbox = restrict_writes(private, [os.path.realpath(p) for p in args.writable] + tmp) + "; " + isolated
     else:  # the reference maps the judge's buffers: their paths must not be readable in its /proc entry
@@ -350,25 +352,62 @@ class Subject:
         """The block's calls as one CUDA graph and its (static) outputs, after two calls off the capture to warm up, all
         of them traced; None where forward cannot be captured (a launch on the legacy default stream, a host
         synchronisation...): the window then times eager calls on both sides. Replay runs exactly the kernels
-        captured, so no host code of the candidate's runs while it is timed."""
+        captured, so no host code of the candidate's runs while it is timed.
+
+        A capture can also succeed without the candidate's kernels in it: a launch on the legacy default stream runs
+        at once, beside a capture on torch's (non-blocking) stream, and the graph replays nothing of it (an honest
+        `kernel<<<grid, block>>>` does this; its outputs were right for the capture's input sets only). So each graph
+        replays once into poisoned outputs before it is used, and must give the warm-up calls' outputs again."""
         torch = self.torch
         if self.device is None or self.device.type != "cuda":
             return None
+        side = torch.cuda.Stream()
         try:
-            side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.no_grad(), trace, torch.cuda.stream(side):
-                for args in calls[:2]:
-                    model(*args)
+                warm = [[x.clone() if isinstance(x, torch.Tensor) else x for x in _leaves(model(*args))]
+                        for args in calls[:2]]
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.no_grad(), trace, torch.cuda.graph(graph):
-                outs = [model(*args) for args in calls]
+            # capture_begin/end by hand: torch.cuda.graph() leaves its capture stream current when the end fails
+            with torch.no_grad(), trace, torch.cuda.stream(side):
+                graph.capture_begin()
+                try:
+                    outs = [model(*args) for args in calls]
+                finally:
+                    graph.capture_end()
+            if not self._replays_itself(graph, outs, warm, calls):
+                return None
             return graph, outs
         except Exception:  # not capturable: eager calls instead, decided by the window for both sides
             torch.cuda.synchronize()
             return None
+
+    def _replays_itself(self, graph, outs, warm, calls) -> bool:
+        """Whether a replay alone writes the outputs the warm-up calls gave: the outputs of those calls are poisoned
+        (NaN, or -1 for integers), the graph replayed, and the two compared (a kernel whose results differ from run
+        to run also fails: timed eagerly then). Outputs that share memory with an input cannot be poisoned: no."""
+        torch = self.torch
+        inputs = {a.untyped_storage().data_ptr() for args in calls for a in args if isinstance(a, torch.Tensor)}
+        got = [list(_leaves(out)) for out in outs[:len(warm)]]
+        for leaves in got:
+            for x in leaves:
+                if isinstance(x, torch.Tensor):
+                    if x.untyped_storage().data_ptr() in inputs:
+                        return False
+                    x.fill_(float("nan") if x.is_floating_point() or x.is_complex() else -1)
+        graph.replay()
+        torch.cuda.synchronize()
+        for leaves, expected in zip(got, warm):
+            for x, e in zip(leaves, expected):
+                if isinstance(x, torch.Tensor) != isinstance(e, torch.Tensor):
+                    return False
+                if isinstance(x, torch.Tensor) and not (
+                        x.shape == e.shape and (torch.allclose(x, e, rtol=1e-3, atol=1e-5, equal_nan=True)
+                                                if x.is_floating_point() or x.is_complex() else torch.equal(x, e))):
+                    return False
+        return True
 
     def _switch_in(self):
         """This process ready to run before `go`. A device: running this process's context (the judge flushed the cache

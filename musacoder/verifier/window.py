@@ -43,6 +43,13 @@ from musacoder.verifier.timing import (
 SPOT_POSITIONS = 1 << 16
 
 
+def _convicted(waits: dict[str, list[float]], elapsed_s: float, budget_s: float) -> bool:
+    """Whether the quiet gate's waits already refuse the candidate for work left running, with the window's budget
+    spent: more rounds cannot speed it up (a candidate that keeps the device busy makes every round slow: exploit 46
+    ran a window into the job's 300 s limit on an H200). Four pairs at least; the same rule decides after the window."""
+    return elapsed_s > budget_s and len(waits["cand"]) >= 4 and bool(left_running(waits["cand"], waits["ref"]))
+
+
 @dataclass
 class Block:
     """A timed block as the judge's clock saw it (ms): the calls (`go` to `done`), the subject's preparation
@@ -108,7 +115,8 @@ class Window:
                     self.ref_self.append(got["ref"].reply.self_ms / self.calls)
                 rounds += 1
                 n = len(self.ms["cand"])
-                if n >= tc.max_reps:
+                if n >= tc.max_reps or (gate is not None and _convicted(gate.waits, time.perf_counter() - t_begin,
+                                                                        tc.budget_s)):
                     break
                 if n >= tc.min_reps and (max(rse(s) for s in self.ms.values() if s) < tc.rse_target
                                          or time.perf_counter() - t_begin > tc.budget_s):
