@@ -11,34 +11,6 @@ from musacoder.tasks import builtin_task
 
 pytestmark = pytest.mark.gpu
 
-LEGACY_STREAM_RELU = r'''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-SRC = """
-#include <torch/extension.h>
-__global__ void relu_kernel(const float* x, float* y, int64_t n) {
-    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
-}
-torch::Tensor relu(torch::Tensor x) {
-    auto xc = x.contiguous();
-    auto y = torch::empty_like(xc);
-    int64_t n = xc.numel();
-    relu_kernel<<<(n + 255) / 256, 256>>>(xc.data_ptr<float>(), y.data_ptr<float>(), n);
-    return y;
-}
-"""
-ext = load_inline(name="legacy_stream_relu", cpp_sources="torch::Tensor relu(torch::Tensor x);", cuda_sources=SRC,
-                  functions=["relu"])
-
-
-class ModelNew(nn.Module):
-    def forward(self, x):
-        return ext.relu(x)
-'''
-
 
 @pytest.fixture(scope="module")
 def verdicts(cache_dir):
@@ -46,9 +18,10 @@ def verdicts(cache_dir):
     cfg.timing.baselines = ("eager",)
     relu = builtin_task("level1/19_ReLU")
     honest = (EXAMPLES_DIR / "cuda" / "honest_relu.py").read_text()
+    legacy = (EXAMPLES_DIR / "cuda" / "honest_relu_legacy_stream.py").read_text()
     with LocalPool(cfg) as pool:
         return {name: pool.submit(relu, code).result() for name, code in
-                (("current_stream", honest), ("legacy_stream", LEGACY_STREAM_RELU))}
+                (("current_stream", honest), ("legacy_stream", legacy))}
 
 
 def test_a_candidate_on_torchs_stream_is_timed_as_cuda_graph_replays(verdicts):
