@@ -210,23 +210,28 @@ def list_tasks(path: Path | None = typer.Argument(None, help="Task file or direc
 
 @app.command()
 def demo(backend: Backend = BackendOpt,
-         only: str | None = typer.Option(None, help="only examples whose file name contains this"),
+         only: str | None = typer.Option(None, help="only examples whose file name contains this (of all of them)"),
+         all_: bool = typer.Option(False, "--all", help="every shipped example, not only one honest kernel a task "
+                                   "and one exploit a threat class"),
          out: Path | None = typer.Option(None, help="also write the verdicts as JSONL here")):
-    """Verify the shipped example kernels (honest and cheating) on the shipped tasks and print a table."""
-    from musacoder.examples_catalog import load_catalog
+    """Verify shipped example kernels (honest and cheating) on the shipped tasks and print a table: by default one
+    honest kernel a task and the first exploit of each threat class; --all for the whole catalog."""
+    from musacoder.examples_catalog import load_catalog, tour
     from musacoder.progress import LoggedProgress
     from musacoder.tasks import builtin_task
     from musacoder.verifier.api import verify_many
 
     backend, why = _resolve_backend(backend)
-    examples = [e for e in load_catalog(backend) if not only or only in e.file]
+    catalog = load_catalog(backend)
+    examples = [e for e in catalog if only in e.file] if only else catalog if all_ else tour(catalog)
     if not examples:
         fail(f"no examples for backend {backend}" + (f" matching {only!r}" if only else ""))
     cfg = _config(backend, "strict", False, 5)
     writable_dir(cfg.cache_dir, "cache (MUSACODER_CACHE)")
     if out:
         writable_dir(out.parent, "--out")
-    console.print(f"Verifying {len(examples)} shipped candidates on the [bold]{backend}[/bold] backend"
+    share = "" if only or all_ else f" of {len(catalog)} (--all for every one)"
+    console.print(f"Verifying {len(examples)}{share} shipped candidates on the [bold]{backend}[/bold] backend"
                   + (f" ({why})" if why else "") + " (first run builds their extensions; later runs hit the build "
                   "cache)")
     pairs = [(builtin_task(e.task), e.code) for e in examples]

@@ -54,3 +54,15 @@ def load_catalog(backend: str | None = None) -> list[Example]:
     if backend in MUSA_BACKENDS:
         return [replace(e, backend=backend) for e in out if e.backend == "cuda"]
     return [e for e in out if backend is None or e.backend == backend]
+
+
+def tour(examples: list[Example]) -> list[Example]:
+    """A representative share, in catalog order: the first honest kernel of each task and the first exploit of each
+    threat class (`demo`'s default: a cold first run builds a third as many extensions as the whole catalog)."""
+    seen, out = set(), []
+    for e in examples:
+        key = ("task", e.task) if e.honest else ("threat", e.threat)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out

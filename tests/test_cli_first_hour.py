@@ -644,3 +644,15 @@ def test_second_ctrl_c_in_bench_exits_at_once_and_a_rerun_resumes(tmp_path, monk
     monkeypatch.setattr("musacoder.bench.runner.verify_many", _slow_verifier(0.0))
     assert call(bench_app, *args[1:]) == 0
     assert "resuming: 0 of 3 samples done" in capsys.readouterr().out and _verdicts(out) == 3
+
+
+def test_demo_tours_one_honest_kernel_a_task_and_one_exploit_a_threat_class():
+    from musacoder.examples_catalog import load_catalog, tour
+
+    for backend in ("cpu", "cuda"):
+        catalog = load_catalog(backend)
+        share = tour(catalog)
+        assert len(share) < len(catalog) and [e for e in catalog if e in share] == share  # catalog order
+        assert {e.task for e in share if e.honest} == {e.task for e in catalog if e.honest}
+        assert {e.threat for e in share if not e.honest} == {e.threat for e in catalog if not e.honest}
+        assert len({e.threat for e in share if not e.honest}) == sum(not e.honest for e in share)  # one each
