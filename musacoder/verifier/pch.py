@@ -9,9 +9,10 @@ finds `torch/extension.h.gch` before the header, and uses it only where it is va
 reads the header as before: a PCH can make a build faster, never different).
 
 Only builds whose flags cannot bring their own headers in (no include paths, `-include`, plugins or response files)
-use one. In a CUDA build the folder reaches nvcc too, where the same name resolves to the same header (a link to it)
-and GCC's check refuses the PCH under nvcc's other macros. The PCHs (~0.75 GB each) live in `$MUSACODER_PCH_DIR`
-(default `~/.cache/musacoder/pch`), shared by every cache, the newest four kept; `MUSACODER_PCH=0` turns them off.
+use one. In a CUDA build the folder reaches nvcc too, where the same name resolves to the same header (a link to it):
+nvcc preprocesses its host side (`-E`, where GCC reads headers, not PCHs). The PCHs (~0.75 GB each) live in
+`$MUSACODER_PCH_DIR` (default `~/.cache/musacoder/pch`), shared by every cache, the newest four kept;
+`MUSACODER_PCH=0` turns them off.
 """
 
 from __future__ import annotations
