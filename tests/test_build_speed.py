@@ -231,21 +231,28 @@ def test_light_and_own_cuda_units_build_the_same_kernels(tmp_path, monkeypatch):
 
 
 # ---- the whole path: torch's loader and ninja, the light build failing, nvcc_overlap in the ninja file ------------
-@needs_nvcc
-def test_cuda_builder_runs_nvcc_overlap_through_torchs_ninja_and_falls_back(tmp_path, monkeypatch):
-    """A small CUDA extension built by the cuda backend's Builder as on a GPU host. This machine's CPU torch lacks the
-    CUDA libraries the link names: empty stand-ins are linked instead (nothing is loaded or run)."""
+def _as_on_a_gpu_host(tmp_path, monkeypatch) -> Path:
+    """torch's loader set up to build for sm_90 with the nvcc here; a folder of empty stand-ins for the CUDA libraries
+    the link names, which this machine's CPU torch lacks (nothing is loaded or run)."""
     # the toolkit's root as nvcc names it (the nvcc on PATH may be a script that calls it)
     nvcc_home = Path(subprocess.run([NVCC, "--dryrun", "-c", "x.cu"], capture_output=True, text=True).stderr
                      .split("TOP=")[1].split()[0]).resolve()
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(nvcc_home))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     monkeypatch.delenv("PYTORCH_NVCC", raising=False)
-    monkeypatch.setenv("MUSACODER_NVCC_TIMES", str(tmp_path / "times.jsonl"))
     stand_ins = tmp_path / "lib"
     stand_ins.mkdir()
     for lib in ("c10_cuda", "torch_cuda"):
         subprocess.run(["cc", "-shared", "-x", "c", "/dev/null", "-o", str(stand_ins / f"lib{lib}.so")], check=True)
+    return stand_ins
+
+
+@needs_nvcc
+def test_cuda_builder_runs_nvcc_overlap_through_torchs_ninja_and_falls_back(tmp_path, monkeypatch):
+    """A small CUDA extension built by the cuda backend's Builder as on a GPU host. This machine's CPU torch lacks the
+    CUDA libraries the link names: empty stand-ins are linked instead (nothing is loaded or run)."""
+    stand_ins = _as_on_a_gpu_host(tmp_path, monkeypatch)
+    monkeypatch.setenv("MUSACODER_NVCC_TIMES", str(tmp_path / "times.jsonl"))
     backend = get_backend("cuda")
     monkeypatch.setattr(backend, "light_build", lambda a: {**a, "cuda_sources": "#error the light build\n"})
     request = {"name": "k", "cpp_sources": "void launch(float* x, float a, int n);", "cuda_sources": KERNEL,
@@ -320,16 +327,8 @@ def test_a_cuda_builds_bindings_use_the_precompiled_header(tmp_path, monkeypatch
     the stand-in CUDA libraries of the test above."""
     import time
 
-    nvcc_home = Path(subprocess.run([NVCC, "--dryrun", "-c", "x.cu"], capture_output=True, text=True).stderr
-                     .split("TOP=")[1].split()[0]).resolve()
-    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(nvcc_home))
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
-    monkeypatch.delenv("PYTORCH_NVCC", raising=False)
+    stand_ins = _as_on_a_gpu_host(tmp_path, monkeypatch)
     monkeypatch.setenv("MUSACODER_PCH_DIR", str(tmp_path / "pch"))
-    stand_ins = tmp_path / "lib"
-    stand_ins.mkdir()
-    for lib in ("c10_cuda", "torch_cuda"):
-        subprocess.run(["cc", "-shared", "-x", "c", "/dev/null", "-o", str(stand_ins / f"lib{lib}.so")], check=True)
     builder = Builder(tmp_path / "cache", get_backend("cuda"))
     cuda = KERNEL + "torch::Tensor twice(torch::Tensor x) { launch(x.data_ptr<float>(), %d.f, x.numel()); return x; }\n"
 
