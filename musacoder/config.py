@@ -64,6 +64,9 @@ class TimingConfig(Settings):
     # `block_mem_gb` of input sets and outputs per arm
     block_ms: float = 10.0
     block_mem_gb: float = 16.0
+    # and so that the slower arm's block lasts at most `block_max_ms`: a block is sized by the faster arm, and a
+    # candidate that keeps the device busy ~0.3 s a call (exploit 46) would otherwise hold a block for minutes
+    block_max_ms: float = 2000.0
     # cuda: each block replays its calls as one CUDA graph where both sides' forwards can be captured (launched on
     # torch's current stream): the device's time without the host's launch overhead, as do_bench measures it;
     # otherwise eager calls on both sides

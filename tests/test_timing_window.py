@@ -28,6 +28,18 @@ def test_a_block_stays_within_its_memory_and_half_the_free_memory():
     assert plan_calls(0.001, 4 * 2**30, 2**30, 0, block_ms=10, mem_bytes=MIB) == 1  # never none
 
 
+def test_the_slower_arms_block_stays_within_block_max_ms():
+    # sized by a 0.01 ms reference (1,000 calls), a candidate that keeps the device busy 0.3 s a call (exploit 46 on
+    # an H200) would hold one block for 300 s: capped at 2 s of its calls, never below one call
+    assert plan_calls(0.01, MIB, MIB, 8 * MIB, block_ms=10, mem_bytes=2**40, slow_call_ms=300,
+                      block_max_ms=2000) == 6
+    assert plan_calls(0.01, MIB, MIB, 8 * MIB, block_ms=10, mem_bytes=2**40, slow_call_ms=5000,
+                      block_max_ms=2000) == 1
+    # an honest candidate 3x slower than the reference keeps the block the reference's target sets
+    assert plan_calls(0.01, MIB, MIB, 8 * MIB, block_ms=10, mem_bytes=2**40, slow_call_ms=0.03,
+                      block_max_ms=2000) == 1000
+
+
 def test_time_outside_the_timed_stretch_counts_only_when_clearly_the_candidates():
     ref = [2.0, 2.1, 1.9, 2.0, 2.05, 1.95, 2.0, 2.0]
     assert not moved_out([x * 1.05 for x in ref], ref)  # 5%: noise

@@ -205,42 +205,35 @@ def rows_for(backend: str, quick: bool) -> list[dict]:
     return rows
 
 
-def run(backend: str = "auto", quick: bool = False, cache: str | None = None, out: str | None = None,
-        kernelbench: bool = False, log=print) -> list[dict]:
-    """Verify, then time in one process, every row; the rows with both speedups and a verdict each."""
-    from musacoder.backends import resolve
+def _verify(rows: list[dict], tasks: list, backend: str, cache: str, method: str, log) -> None:
+    """Each row through a pool with timing `method`; the verdict's figures into row[method]."""
     from musacoder.config import VerifyConfig
     from musacoder.pool.local import LocalPool
+
+    cfg = VerifyConfig(backend=backend, profile="kernelbench", cache_dir=cache)
+    cfg.timing.baselines, cfg.timing.method = ("eager",), method
+    with LocalPool(cfg) as pool:
+        if method == "judge":  # each kernel built once, all at once, before any row is timed beside a build
+            first = {row["kernel"]: i for i, row in reversed(list(enumerate(rows)))}
+            for f in [pool.submit(tasks[i], rows[i]["kernel_code"]) for i in first.values()]:
+                f.result()
+        for i, row in enumerate(rows):
+            v = pool.submit(tasks[i], row["kernel_code"]).result()
+            row[method] = {"status": v.status.value, "reason": v.reason, "speedup": v.speedup_eager,
+                           "interval": v.details.get("speedup_interval"), "candidate_ms": v.candidate_ms,
+                           "reference_ms": v.eager_ms, **{k: v.details.get(k) for k in (
+                               "calls_per_block", "graphs", "timer_floor_ms", "reference_self_ms", "outside_ms",
+                               "outside_included")},
+                           "seconds": v.stage_seconds.get("total")}
+            log(f"verified {i + 1}/{len(rows)} ({method}): {row['family']} {row['sizes']}: {v.status.value} "
+                f"{v.speedup_eager}")
+
+
+def _truth(rows: list[dict], backend: str, cache: str) -> list[dict]:
+    """The same kernels timed in a plain process, after the pool is closed (nothing else on the device)."""
     from musacoder.pool.process import usable_cores
-    from musacoder.tasks.model import Task
     from musacoder.verifier.judge import steady_malloc
 
-    backend = resolve(backend)
-    if backend not in ("cpu", "cuda"):
-        raise ValueError(f"calibration ships kernels for cpu and cuda, not {backend}")
-    cache = cache or tempfile.mkdtemp(prefix="musacoder-calibrate-")
-    rows = rows_for(backend, quick)
-    methods = ["judge"] + (["kernelbench"] if kernelbench else [])
-    tasks = [Task(name=f"calib_{row['family'].replace(' ', '_')}_{i}", code=row["task_code"])
-             for i, row in enumerate(rows)]
-    for method in methods:
-        cfg = VerifyConfig(backend=backend, profile="kernelbench", cache_dir=cache)
-        cfg.timing.baselines, cfg.timing.method = ("eager",), method
-        with LocalPool(cfg) as pool:
-            if method == methods[0]:  # each kernel built once, all at once, before any row is timed beside a build
-                first = {row["kernel"]: i for i, row in reversed(list(enumerate(rows)))}
-                for f in [pool.submit(tasks[i], rows[i]["kernel_code"]) for i in first.values()]:
-                    f.result()
-            for i, row in enumerate(rows):
-                v = pool.submit(tasks[i], row["kernel_code"]).result()
-                row[method] = {"status": v.status.value, "reason": v.reason, "speedup": v.speedup_eager,
-                               "interval": v.details.get("speedup_interval"), "candidate_ms": v.candidate_ms,
-                               "reference_ms": v.eager_ms, **{k: v.details.get(k) for k in (
-                                   "calls_per_block", "graphs", "timer_floor_ms", "reference_self_ms", "outside_ms",
-                                   "outside_included")},
-                               "seconds": v.stage_seconds.get("total")}
-                log(f"verified {i + 1}/{len(rows)} ({method}): {row['family']} {row['sizes']}: {v.status.value} "
-                    f"{v.speedup_eager}")
     threads = usable_cores() if backend == "cpu" else None
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "spec.json"
@@ -253,26 +246,58 @@ def run(backend: str = "auto", quick: bool = False, cache: str | None = None, ou
         if threads:
             env.update(OMP_NUM_THREADS=str(threads), **steady_malloc())
         subprocess.run([sys.executable, "-m", "musacoder.bench.calibrate", "--truth", str(spec)], env=env, check=True)
-        truths = json.loads(result.read_text())["rows"]
-    for row, truth in zip(rows, truths):
-        row["truth"] = {**truth, "speedup": truth["reference_ms"] / truth["candidate_ms"]}
-        if "reference_block_ms" in truth:  # a GPU: the verifier's own workload, timed in one process
-            row["truth"]["block_speedup"] = truth["reference_block_ms"] / truth["candidate_block_ms"]
-        judged = row["judge"]
-        against = row["truth"].get("block_speedup", row["truth"]["speedup"])
-        tol = tolerance(backend, truth.get("reference_block_ms", truth["reference_ms"]))
-        row["tolerance"] = tol
-        if judged["status"] != "ok" or judged["speedup"] is None:
-            row["verdict"] = "FAIL"
-            continue
-        row["ratio"] = judged["speedup"] / against
-        row["ratio_isolated"] = judged["speedup"] / row["truth"]["speedup"]
-        row["verdict"] = "n/a" if tol is None else ("ok" if abs(row["ratio"] - 1) <= tol else "FAIL")
+        return json.loads(result.read_text())["rows"]
+
+
+def _judge(row: dict, truth: dict, backend: str) -> None:
+    row["truth"] = {**truth, "speedup": truth["reference_ms"] / truth["candidate_ms"]}
+    if "reference_block_ms" in truth:  # a GPU: the verifier's own workload, timed in one process
+        row["truth"]["block_speedup"] = truth["reference_block_ms"] / truth["candidate_block_ms"]
+    judged = row["judge"]
+    against = row["truth"].get("block_speedup", row["truth"]["speedup"])
+    tol = tolerance(backend, truth.get("reference_block_ms", truth["reference_ms"]))
+    row["tolerance"] = tol
+    if judged["status"] != "ok" or judged["speedup"] is None:
+        row["verdict"] = "FAIL"
+        return
+    row["ratio"] = judged["speedup"] / against
+    row["ratio_isolated"] = judged["speedup"] / row["truth"]["speedup"]
+    row["verdict"] = "n/a" if tol is None else ("ok" if abs(row["ratio"] - 1) <= tol else "FAIL")
+
+
+def run(backend: str = "auto", quick: bool = False, cache: str | None = None, out: str | None = None,
+        kernelbench: bool = False, log=print) -> list[dict]:
+    """Verify, then time in one process, every row; the rows with both speedups and a verdict each. Each row's
+    verdict is logged, and `out` written, as soon as it is known, before KernelBench's method runs: a run cut short
+    keeps its calibration."""
+    from musacoder.backends import resolve
+    from musacoder.tasks.model import Task
+
+    backend = resolve(backend)
+    if backend not in ("cpu", "cuda"):
+        raise ValueError(f"calibration ships kernels for cpu and cuda, not {backend}")
+    cache = cache or tempfile.mkdtemp(prefix="musacoder-calibrate-")
+    rows = rows_for(backend, quick)
+    tasks = [Task(name=f"calib_{row['family'].replace(' ', '_')}_{i}", code=row["task_code"])
+             for i, row in enumerate(rows)]
+
+    def save():
+        if out:
+            kept = [{k: v for k, v in r.items() if k not in ("task_code", "kernel_code")} for r in rows]
+            Path(out).write_text(json.dumps({"backend": backend, "rows": kept}, indent=1))
+
+    _verify(rows, tasks, backend, cache, "judge", log)
+    for i, (row, truth) in enumerate(zip(rows, _truth(rows, backend, cache))):
+        _judge(row, truth, backend)
+        log(f"row {i + 1}/{len(rows)}: {row['family']} {row['sizes']}: in process {row['truth']['speedup']:.3f}, "
+            f"verifier {row['judge']['speedup']}, ratio {row.get('ratio', float('nan')):.3f}: {row['verdict']}")
+    save()
+    if kernelbench:
+        _verify(rows, tasks, backend, cache, "kernelbench", log)
+        save()
     for row in rows:
         row.pop("task_code")
         row.pop("kernel_code")
-    if out:
-        Path(out).write_text(json.dumps({"backend": backend, "rows": rows}, indent=1))
     return rows
 
 

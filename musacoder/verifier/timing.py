@@ -26,13 +26,16 @@ MAX_CALLS = 1024  # calls a block at most: each is its own input set, allocated 
 
 
 def plan_calls(call_ms: float, set_bytes: int, out_bytes: int, cache_bytes: int, block_ms: float, mem_bytes: float,
-               free_bytes: float | None = None) -> int:
-    """Calls a block: enough for the block to last `block_ms` (the round trip is paid once a block) and for its input
-    sets to exceed twice the last-level cache (each call reads inputs no earlier call of the block left there), within
-    `mem_bytes` of an arm's input sets, read-back rows and held outputs, and half of `free_bytes` for both arms'."""
+               free_bytes: float | None = None, slow_call_ms: float = 0.0, block_max_ms: float = math.inf) -> int:
+    """Calls a block: enough for the block to last `block_ms` at the faster arm's `call_ms` (the round trip is paid
+    once a block) and for its input sets to exceed twice the last-level cache (each call reads inputs no earlier call
+    of the block left there), within `mem_bytes` of an arm's input sets, read-back rows and held outputs, half of
+    `free_bytes` for both arms', and `block_max_ms` of the slower arm's block at its `slow_call_ms`."""
     per_call = set_bytes + 2 * out_bytes  # one arm: its input set, its output held, its read-back row
     want = max(math.ceil(block_ms / max(call_ms, 1e-4)), math.ceil(2 * cache_bytes / max(set_bytes, 1)))
     cap = min(MAX_CALLS, int(mem_bytes // max(per_call, 1)))
+    if slow_call_ms > 0:
+        cap = min(cap, int(block_max_ms // slow_call_ms))
     if free_bytes is not None:
         cap = min(cap, int(0.5 * free_bytes // max(2 * per_call, 1)))
     return max(1, min(want, cap))

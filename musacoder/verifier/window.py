@@ -239,11 +239,13 @@ class Window:
             per_call = self._probe()
         set_bytes, out_bytes = tensor_bytes(b["shared"]), tensor_bytes(b["ref_out"])
         backend = self.j.backend
-        return plan_calls(per_call, set_bytes, out_bytes, backend.cache_bytes(), tc.block_ms, tc.block_mem_gb * 2**30,
-                          backend.free_bytes())
+        return plan_calls(min(per_call), set_bytes, out_bytes, backend.cache_bytes(), tc.block_ms,
+                          tc.block_mem_gb * 2**30, backend.free_bytes(), max(per_call), tc.block_max_ms)
 
-    def _probe(self) -> float | None:
-        """The faster side's time a call, probed; None when a side could not be captured as a graph."""
+    def _probe(self) -> list[float] | None:
+        """Each side's time a call, probed; None when a side could not be captured as a graph. A side whose one call
+        already lasts an eighth of `block_max_ms` is not probed with 8 (its one call is its time: a block of it is
+        capped anyway)."""
         run, b = self.run, self.run.base
         per_call = []
         for side in ("ref", "cand"):
@@ -251,6 +253,8 @@ class Window:
             inputs = b["in"] if side == "cand" else b["in_ref"]
             times: dict[int, list[float]] = {1: [], 8: []}
             for n in (1, 1, 1, 8, 8, 8):
+                if n == 8 and statistics.median(times[1]) > self.cfg.timing.block_max_ms / 8:
+                    break
                 fresh = not times[n]  # the sets (and a capture) with the first block of each size
                 cmd = SubjectCommand(op="block", shape_key=b["key"], sets=[inputs] * n if fresh else None,
                                      graph=self.graph)
@@ -264,9 +268,12 @@ class Window:
                 if self.graph and not r.graphed:
                     return None
                 times[n].append(got.ms)
+            if not times[8]:
+                per_call.append(statistics.median(times[1]))
+                continue
             probe = (statistics.median(times[8]) - statistics.median(times[1])) / 7
             per_call.append(max(probe, run.trial_call_ms[side] / 64, 1e-4))
-        return min(per_call)
+        return per_call
 
     def _allocate(self):
         """The window's input sets, twice (the candidate's copy in its own directory or memory pool, read-only to it
