@@ -15,12 +15,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from musacoder import __version__
 from musacoder.bench.cli import bench_app
 from musacoder.cli_base import App, Backend, LogLevel, Precision, Profile, device_problem, err, fail, writable_dir
 from musacoder.musa.cli import port_app
 from musacoder.synth.cli import synth_app
 from musacoder.tasks.select import IdsOpt, LevelsOpt, NamesOpt, TasksOpt
+from musacoder.version import __version__
 
 app = App(add_completion=False, no_args_is_help=True, help="MusaCoder: LLMs that write native kernels.")
 console = Console()
@@ -156,6 +156,7 @@ def verify(candidate: Path = typer.Option(..., help="Candidate .py file or raw m
                                                                            "default 16)"),
            as_json: bool = typer.Option(False, "--json", help="print the verdict as one JSON object")):
     """Verify one candidate against one task. Exit code 0 whenever verification ran, whatever the verdict."""
+    from musacoder.backends import available_bytes
     from musacoder.tasks.select import memory_problem
 
     t = pick_task(tasks or task, levels, ids, names, size_scale)
@@ -165,11 +166,11 @@ def verify(candidate: Path = typer.Option(..., help="Candidate .py file or raw m
         cfg = _config(resolved, profile, no_timing, seeds, precision, run_timeout, worker_mem_gb)
     except ValueError as e:
         fail(e)
-    problem = memory_problem(t, resolved, cfg.worker_mem_gb if resolved == "cpu" else 0.0)
+    problem = memory_problem(t, available_bytes(resolved, cfg.worker_mem_gb if resolved == "cpu" else 0.0), resolved)
     if problem:
         fail(problem)
     writable_dir(cfg.cache_dir, "cache (MUSACODER_CACHE)")
-    from musacoder.verifier.api import verify as run_verify
+    from musacoder.api import verify as run_verify
 
     v = _run_with_spinner(f"verifying {t.key} on {resolved}", lambda: run_verify(t, raw, cfg))
     if as_json:
@@ -216,10 +217,10 @@ def demo(backend: Backend = BackendOpt,
          out: Path | None = typer.Option(None, help="also write the verdicts as JSONL here")):
     """Verify shipped example kernels (honest and cheating) on the shipped tasks and print a table: by default one
     honest kernel a task and the first exploit of each threat class; --all for the whole catalog."""
+    from musacoder.api import verify_many
     from musacoder.examples_catalog import load_catalog, tour
     from musacoder.progress import LoggedProgress
     from musacoder.tasks import builtin_task
-    from musacoder.verifier.api import verify_many
 
     backend, why = _resolve_backend(backend)
     catalog = load_catalog(backend)
@@ -358,7 +359,7 @@ def sft(config: Path = typer.Option(..., help="SFT settings (YAML), e.g. configs
     """Multi-task SFT on TRL's SFTTrainer (needs the train extra). Resumes from the newest checkpoint."""
     import torch
 
-    from musacoder.train.data import DataError
+    from musacoder.data.records import DataError
     from musacoder.train.sft import SFTConfig, train_sft
 
     try:
@@ -412,8 +413,8 @@ def rl(config: Path = typer.Option(..., help="RL settings (YAML), e.g. configs/r
         fail(e)
     import torch
 
+    from musacoder.data.records import DataError
     from musacoder.tasks import TaskLoadError
-    from musacoder.train.data import DataError
     from musacoder.train.rl.trainer import METRICS, train_rl
 
     try:

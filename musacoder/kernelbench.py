@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from musacoder.api import unusable, verify
 from musacoder.cli_base import device_problem
 from musacoder.config import VerifyConfig
-from musacoder.verifier.api import unusable, verify
 from musacoder.verifier.verdict import Status, Verdict
 
 _BACKENDS = {"cuda": "cuda", "triton": "triton", "cpu": "cpu", "auto": "auto"}

@@ -29,16 +29,14 @@ called (so one function serves every run), and refuse a value they do not know:
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from musacoder.api import Verifier, unusable
 from musacoder.config import VerifyConfig
-from musacoder.verifier.api import as_candidate_text, as_task, unusable, verify_many
 from musacoder.verifier.verdict import Verdict
 
 _ENV = {"MUSACODER_BACKEND": "backend", "MUSACODER_PROFILE": "profile", "MUSACODER_PRECISION": "precision"}
@@ -65,64 +63,21 @@ def env_config() -> VerifyConfig:
         raise ValueError(f"{var}: {e}") from None
 
 
-@dataclass(frozen=True)
-class RewardVerifier:
-    """Where rewards are verified: the service at `url` (its settings apply), else a pool in this process with
-    `config`."""
-
-    config: VerifyConfig = field(default_factory=VerifyConfig)
-    url: str | None = None
-    token: str | None = None
-
-    @classmethod
-    def from_env(cls, config: VerifyConfig | None = None) -> RewardVerifier:
-        return cls(config or env_config(), os.environ.get("MUSACODER_VERIFIER_URL") or None,
-                   os.environ.get("MUSACODER_TOKEN"))
-
-    def verdicts(self, pairs: list[tuple[Any, Any]]) -> list[Verdict]:
-        """One verdict per (task, completion), in order."""
-        if not self.url:
-            out: list[Verdict | None] = [None] * len(pairs)
-            for i, v in verify_many(pairs, self.config):
-                out[i] = v
-            return out
-        from musacoder.service.client import verify_batch
-
-        good, bad = _normalised(pairs, self.config)
-        got = verify_batch([(t, c) for _, t, c in good], self.url, self.token) if good else []
-        return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
-
-    async def verdicts_async(self, pairs: list[tuple[Any, Any]]) -> list[Verdict]:
-        """`verdicts` from async code: the service's async client, or the local pool in a thread."""
-        if not self.url:
-            return await asyncio.to_thread(self.verdicts, pairs)
-        from musacoder.service.client import AsyncVerifierClient
-
-        good, bad = _normalised(pairs, self.config)
-        async with AsyncVerifierClient(self.url, self.token) as client:
-            got = await client.verify_many([(t, c) for _, t, c in good]) if good else []
-        return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
-
-
-def _normalised(pairs, config: VerifyConfig) -> tuple[list, dict[int, Verdict]]:
-    """(index, Task, text) for usable pairs; the format_error verdicts of the rest (never sent anywhere)."""
-    good, bad = [], {}
-    for i, (t, c) in enumerate(pairs):
-        try:
-            good.append((i, as_task(t), as_candidate_text(c)))
-        except (TypeError, ValueError, OSError) as e:
-            bad[i] = unusable(f"unusable input: {e}", config)
-    return good, bad
+def env_verifier(config: VerifyConfig | None = None) -> Verifier:
+    """The service at MUSACODER_VERIFIER_URL when set (its settings apply), else a pool in this process with `config`
+    (default: `env_config()`)."""
+    return Verifier(config or env_config(), os.environ.get("MUSACODER_VERIFIER_URL") or None,
+                    os.environ.get("MUSACODER_TOKEN"))
 
 
 def verdicts(pairs: list[tuple[Any, Any]], config: VerifyConfig | None = None) -> list[Verdict]:
     """One verdict per (task, completion) in order: the service when MUSACODER_VERIFIER_URL is set, else locally."""
-    return RewardVerifier.from_env(config).verdicts(pairs)
+    return env_verifier(config).verdicts(pairs)
 
 
 async def verdicts_async(pairs: list[tuple[Any, Any]], config: VerifyConfig | None = None) -> list[Verdict]:
     """`verdicts` from async code."""
-    return await RewardVerifier.from_env(config).verdicts_async(pairs)
+    return await env_verifier(config).verdicts_async(pairs)
 
 
 def _log(vs: list[Verdict], kwargs: dict):
@@ -160,7 +115,7 @@ def make_reward(config: VerifyConfig | dict | None = None, *, url: str | None = 
     VerifyConfig, or its fields as a mapping, validated as a config file's are), or by the service at `url`
     (`token`: its bearer token). `is_async`: the coroutine form. TRL logs it under the name `musacoder_reward`."""
     cfg = VerifyConfig.from_dict(config) if isinstance(config, dict) else config or VerifyConfig()
-    verifier = RewardVerifier(cfg, url, token)
+    verifier = Verifier(cfg, url, token)
 
     if is_async:
         async def musacoder_reward(prompts=None, completions=None, task=None, **kwargs) -> list[float]:
@@ -195,15 +150,15 @@ def score_dict(v: Verdict) -> dict:
             "correctness": float(v.correctness), "speedup": float(v.speedup_eager or 0.0), "reason": v.reason[:200]}
 
 
-def _verl_verifier(verify: dict | None, verifier_url: str | None, token: str | None) -> RewardVerifier:
+def _verl_verifier(verify: dict | None, verifier_url: str | None, token: str | None) -> Verifier:
     """verl's `reward_kwargs` (`verify`: VerifyConfig fields, `verifier_url`, `token`) over the environment's."""
-    env = RewardVerifier.from_env()
+    env = env_verifier()
     if type(verify).__module__.startswith("omegaconf"):  # verl hands reward_kwargs over as OmegaConf nodes
         from omegaconf import OmegaConf
 
         verify = OmegaConf.to_container(verify, resolve=True)
     cfg = VerifyConfig.from_dict(verify) if verify is not None else env.config
-    return RewardVerifier(cfg, verifier_url or env.url, token or env.token)
+    return Verifier(cfg, verifier_url or env.url, token or env.token)
 
 
 def compute_score(data_source=None, solution_str: str = "", ground_truth=None, extra_info=None, verify=None,

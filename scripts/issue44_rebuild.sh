@@ -16,7 +16,7 @@ $M synth tasks --out easy_held/raw.jsonl --n 130 --seed 300000 $EASY      # 106 
 $M synth tasks --out held/tasks.jsonl --n 100 --seed 100000                # 86 kept: the default (3-5-op) eval set
 $M synth tasks --out hard/tasks.jsonl --n 1600 --seed 0                    # 1,257 kept
 
-git -C "$REPO" show a361700:musacoder/synth/decontam.py > old_decontam.py
+git -C "$REPO" show a361700:musacoder/data/decontam.py > old_decontam.py
 old_decontam() {  # INPUT OUT DETECTORS EVAL...: the former `synth decontam`
   python - "$@" <<'EOF'
 import json, sys

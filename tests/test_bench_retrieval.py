@@ -161,7 +161,7 @@ def test_fewshot_prompts_a_tiny_model_with_its_nearest_examples(train_file, tmp_
     from musacoder.bench.runner import run_bench
     from musacoder.bench.store import Store
     from musacoder.config import VerifyConfig
-    from musacoder.train.data import load_records
+    from musacoder.data.records import load_records
     from musacoder.train.sft import SFTConfig, _bpe_tokenizer, _load_model
 
     # a model built from a config, as the SFT tests and configs/sft-tiny.yaml build theirs (nothing downloaded)

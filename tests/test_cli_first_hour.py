@@ -16,6 +16,7 @@ import torch
 from rich.console import Console
 
 from musacoder import cli
+from musacoder.backends import available_bytes
 from musacoder.bench.cli import bench_app
 from musacoder.bench.report import within_noise
 from musacoder.cache_admin import cache_info, clear_cache
@@ -49,7 +50,7 @@ def fake_verify(monkeypatch):
         seen.update(task=task, raw=raw, cfg=cfg)
         return seen["verdict"]
 
-    monkeypatch.setattr("musacoder.verifier.api.verify", fake)
+    monkeypatch.setattr("musacoder.api.verify", fake)
     return seen
 
 
@@ -229,7 +230,7 @@ def test_memory_estimated_up_front(tmp_path, fake_verify, cand, capsys):
     big.write_text(BIG)
     from musacoder.tasks import load_tasks
 
-    msg = memory_problem(load_tasks(big)[0], "cpu")
+    msg = memory_problem(load_tasks(big)[0], available_bytes("cpu"), "cpu")
     assert msg and "--size-scale" in msg and "GiB" in msg
     assert call(cli.app, "verify", "--tasks", big, "--candidate", cand, "--backend", "cpu") == 2
     assert "error: task 19_ReLU needs about" in capsys.readouterr().err and "task" not in fake_verify

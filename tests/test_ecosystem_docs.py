@@ -115,7 +115,7 @@ def test_trl_snippet_runs_as_written_on_a_cpu(tmp_path, monkeypatch, cache_dir):
     and completions, the `task` column, finite rewards of the right length, TRL's logs. The environment says
     nothing: the reward is configured in the snippet's code."""
     pytest.importorskip("trl")
-    from musacoder.rewards import RewardVerifier
+    from musacoder.api import Verifier
 
     for k in ("MUSACODER_VERIFIER_URL", "MUSACODER_BACKEND", "MUSACODER_TIMING"):
         monkeypatch.delenv(k, raising=False)
@@ -123,14 +123,14 @@ def test_trl_snippet_runs_as_written_on_a_cpu(tmp_path, monkeypatch, cache_dir):
     monkeypatch.chdir(tmp_path)
     tiny_llama(tmp_path / "runs" / "sft-tiny" / "final")
     seen = []
-    real = RewardVerifier.verdicts
+    real = Verifier.verdicts
 
     def spy(self, pairs):  # the real verification, recording what TRL handed the reward
         vs = real(self, pairs)
         seen.append((self.config.backend, self.config.timing_enabled, pairs, vs))
         return vs
 
-    monkeypatch.setattr(RewardVerifier, "verdicts", spy)
+    monkeypatch.setattr(Verifier, "verdicts", spy)
     (src,) = blocks(ROOT / "docs" / "ecosystem-trl.md", "python")
     ns: dict = {}
     exec(src, ns)  # noqa: S102 - our own doc snippet, unchanged
@@ -158,10 +158,10 @@ def test_deploy_reward_snippet_sets_up_as_written(monkeypatch):
 def test_kernelgym_snippet_runs(cpu_env, cache_dir, capsys):
     from fastapi.testclient import TestClient
 
+    from musacoder.api import get_pool
     from musacoder.config import VerifyConfig
     from musacoder.service.app import create_app
     from musacoder.service.settings import ServiceSettings
-    from musacoder.verifier.api import get_pool
 
     (src,) = blocks(ROOT / "docs" / "ecosystem-kernelgym.md", "python")
     pool = get_pool(VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False))

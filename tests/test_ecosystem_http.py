@@ -12,12 +12,12 @@ import pytest
 import uvicorn
 
 from musacoder import rewards
+from musacoder.api import get_pool, verify
 from musacoder.config import VerifyConfig
 from musacoder.service.app import create_app
 from musacoder.service.client import VerifierError
 from musacoder.service.settings import ServiceSettings
 from musacoder.tasks import builtin_task
-from musacoder.verifier.api import get_pool, verify
 
 RELU = builtin_task("level1/19_ReLU")
 HONEST = (Path(rewards.__file__).parent / "examples" / "cpu" / "honest_relu.py").read_text()

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from musacoder import api
+from musacoder.api import as_candidate_text, as_task, verify, verify_many
 from musacoder.config import VerifyConfig
 from musacoder.tasks import builtin_task
-from musacoder.verifier import api
-from musacoder.verifier.api import as_candidate_text, as_task, verify, verify_many
 
-EXAMPLES = Path(api.__file__).parents[1] / "examples" / "cpu"
+EXAMPLES = Path(api.__file__).parent / "examples" / "cpu"
 RELU = builtin_task("level1/19_ReLU")
 HONEST = (EXAMPLES / "honest_relu.py").read_text()
 NO_CODE = "I would loop over the elements."

@@ -3,15 +3,14 @@ never share a verdict, and client task ids survive a restart (the service's SQLi
 one build (the honest ReLU, shared with the other ecosystem tests)."""
 
 import time
-from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from musacoder.api import get_pool
 from musacoder.config import TimingConfig, VerifyConfig
-from musacoder.pool.base import TASK_CONFIG, Job
 from musacoder.service.app import create_app
 from musacoder.service.kernelgym import (
     EvaluationRequest,
@@ -20,7 +19,7 @@ from musacoder.service.kernelgym import (
 )
 from musacoder.service.settings import ServiceSettings
 from musacoder.tasks import builtin_task
-from musacoder.verifier.api import get_pool
+from musacoder.verifier.admission import TASK_CONFIG, Case
 
 RELU = builtin_task("level1/19_ReLU")
 HONEST = (Path(__file__).parents[1] / "musacoder" / "examples" / "cpu" / "honest_relu.py").read_text()
@@ -59,10 +58,10 @@ def test_the_request_config_reaches_the_device_request(cache_dir):
     pool = get_pool(VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False))
     cfg = request_config(pool.cfg, req(num_correct_trials=2, num_perf_trials=9, timeout=11))
     task = request_task(req(), cfg)
-    got = pool.device_request(Job(task, HONEST, 0, Future(), code=HONEST))["config"]
+    got = pool.admission.evaluate_job(Case(task, HONEST, code=HONEST))["config"]
     assert got == task.metadata[TASK_CONFIG]
     assert (got["correctness"]["seeds"], got["timing"]["max_reps"], got["run_timeout_s"]) == (2, 9, 11)
-    plain = pool.device_request(Job(RELU, HONEST, 0, Future(), code=HONEST))["config"]  # other routes: unchanged
+    plain = pool.admission.evaluate_job(Case(RELU, HONEST, code=HONEST))["config"]  # other routes: unchanged
     assert plain == pool.cfg.to_dict()
 
 

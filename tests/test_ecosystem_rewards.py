@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from musacoder import rewards
+from musacoder.api import verify
 from musacoder.config import VerifyConfig
 from musacoder.kernelbench import eval_kernel_against_ref
 from musacoder.tasks import builtin_task
-from musacoder.verifier.api import verify
 
 EXAMPLES = Path(rewards.__file__).parent / "examples" / "cpu"
 RELU = builtin_task("level1/19_ReLU")
@@ -139,9 +139,9 @@ def test_eval_kernel_against_ref_matches_verify(env, expected):
 def test_kernelgym_request_gets_a_kernelgym_answer(cache_dir, expected):
     from fastapi.testclient import TestClient
 
+    from musacoder.api import get_pool
     from musacoder.service.app import create_app
     from musacoder.service.settings import ServiceSettings
-    from musacoder.verifier.api import get_pool
 
     cfg = VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False)
     app = create_app(get_pool(cfg), ServiceSettings(db_path=Path(cache_dir) / "kg.sqlite"))  # the API's pool

@@ -174,8 +174,8 @@ def test_unknown_or_unavailable_backend_is_a_clear_error(tmp_path):
 
 # ---- the device side, over the fake torch.musa ------------------------------------------------------------------
 def test_musa_device_hooks(fake_musa, monkeypatch):
+    from musacoder.backends import available_bytes
     from musacoder.pool.slots import compile_env, device_env
-    from musacoder.tasks.select import available_bytes
     from musacoder.verifier.judge import auto_spares
     from musacoder.verifier.legality import OpTrace
 
@@ -297,7 +297,7 @@ class _AdmitOnly(PoolBase):
         self.cache.close()
 
     def _to_compile(self, job):
-        self.admitted.append(job.code)
+        self.admitted.append(job.case.code)
         self._compiled(job, None, (Status.COMPILE_ERROR, "not built in this test"), 0.0)
 
     def _to_device(self, job):
@@ -399,7 +399,7 @@ def test_musa_on_cuda_gives_the_cuda_verdicts(cache_dir):
     """Every shipped CUDA example, translated c2m and verified with musa-on-cuda, gets its original's status. Timing
     off, to keep it short: the musa-on-cuda pass builds every example again (the backend is part of the build key),
     and both passes with timing took over 190 s on an H200 (2026-11-26)."""
-    from musacoder.verifier.api import verify_many
+    from musacoder.api import verify_many
 
     examples = load_catalog("cuda")
     cuda = dict(verify_many([(builtin_task(e.task), e.code) for e in examples],
@@ -416,7 +416,7 @@ def test_musa_on_cuda_gives_the_cuda_verdicts(cache_dir):
 
 @pytest.mark.musa
 def test_musa_verifies_a_translated_kernel_on_the_device(cache_dir):
-    from musacoder.verifier.api import verify
+    from musacoder.api import verify
 
     v = verify(builtin_task("level1/19_ReLU"), translate(RELU, C2M).text,
                VerifyConfig(backend="musa", cache_dir=cache_dir, timing_enabled=False))

@@ -9,8 +9,9 @@ import pytest
 pytest.importorskip("datasketch")
 
 from musacoder.bench.clients.base import Client, Generation  # noqa: E402
-from musacoder.train.data import Record, load_records, mix  # noqa: E402
-from musacoder.train.diversity import ClusterSettings, cluster, mean_pairwise_distance, normalise, shingles  # noqa: E402
+from musacoder.data.diversity import ClusterSettings, cluster, mean_pairwise_distance, normalise, shingles  # noqa: E402
+from musacoder.data.records import Record, load_records  # noqa: E402
+from musacoder.train.data import mix  # noqa: E402
 from musacoder.train.rft import RFTConfig, compare_diversity, run_rft  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "musacoder" / "examples" / "cpu"

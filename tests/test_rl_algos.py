@@ -11,10 +11,9 @@ from musacoder.train.rl.algos import (
     group_advantages,
     kl_k3,
     log_ratio_means,
-    mirrorpop_keep,
+    mirrorpop_filter,
     policy_loss,
     primeecho_reward,
-    signed_keep,
 )
 
 
@@ -111,9 +110,12 @@ def test_mirrorpop_catches_what_the_signed_mean_cancels():
     mirror, signed = log_ratio_means(train, rollout, mask)
     assert mirror.tolist() == pytest.approx([0.5, 0.05])
     assert signed.tolist() == pytest.approx([0.0, 0.05])
-    assert mirrorpop_keep(train, rollout, mask, delta=0.1).tolist() == [False, True]
-    assert signed_keep(train, rollout, mask, delta=0.1).tolist() == [True, True]
-    assert mirrorpop_keep(train, rollout, mask, delta=0.5).tolist() == [True, True]  # <= delta keeps
+    keep, stats = mirrorpop_filter(train, rollout, mask, "mirror", delta=0.1)
+    assert keep.tolist() == [False, True] and stats["mirrorpop/drop_frac"] == 0.5
+    assert stats["mirrorpop/signed_drop_frac"] == 0.0 and stats["mirrorpop/mean_abs_log_ratio"] == pytest.approx(0.275)
+    assert mirrorpop_filter(train, rollout, mask, "signed", delta=0.1)[0].tolist() == [True, True]
+    assert mirrorpop_filter(train, rollout, mask, "mirror", delta=0.5)[0].tolist() == [True, True]  # <= delta keeps
+    assert mirrorpop_filter(train, rollout, mask, "off", delta=0.0)[0].tolist() == [True, True]
 
 
 def test_log_ratio_nan_and_empty():

@@ -15,7 +15,7 @@ pytest.importorskip("trl")
 from musacoder.conversation import task_messages  # noqa: E402
 from musacoder.episode import Episode, Round  # noqa: E402
 from musacoder.tasks import builtin_task  # noqa: E402
-from musacoder.train.rl.algos import mirrorpop_keep, policy_loss  # noqa: E402
+from musacoder.train.rl.algos import episode_reward, mirrorpop_filter, policy_loss  # noqa: E402
 from musacoder.train.rl.config import RLConfig  # noqa: E402
 from musacoder.train.rl.trainer import (  # noqa: E402
     BDR_STATE,
@@ -23,7 +23,6 @@ from musacoder.train.rl.trainer import (  # noqa: E402
     ROLLOUTS,
     build_trainer,
     train_rl,
-    trajectory_reward,
     warm_start_records,
 )
 
@@ -112,12 +111,12 @@ def test_ablation_switches(tiny_policy, tmp_path, cache_dir):
     assert s["mirrorpop/drop_frac"] == 0.0  # off keeps everything, even at delta 0
 
 
-def test_trajectory_reward_switch():
+def test_episode_reward_switch():
     t = Episode(RELU, [], rounds=[Round("", "", False, "incorrect", -0.5, 1), Round("", "", True, "ok", 1.0, 1)])
     on = RLConfig(model="m")
     off = RLConfig(model="m", primeecho={"enabled": False})
-    assert trajectory_reward(t, on) == pytest.approx(0.75 * -0.5 + 0.25 * 1.0 + 0.1)
-    assert trajectory_reward(t, off) == 1.0
+    assert episode_reward(t.scores, t.passed, on.primeecho) == pytest.approx(0.75 * -0.5 + 0.25 * 1.0 + 0.1)
+    assert episode_reward(t.scores, t.passed, off.primeecho) == 1.0
 
 
 def test_trl_loss_is_algos_policy_loss_with_the_mirrorpop_mask(tiny_policy, tmp_path, cache_dir):
@@ -140,7 +139,7 @@ def test_trl_loss_is_algos_policy_loss_with_the_mirrorpop_mask(tiny_policy, tmp_
     inputs = {"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
               "completion_mask": cmask, "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref,
               "sampling_per_token_logps": sampling, "num_items_in_batch": cmask.sum()}
-    keep = mirrorpop_keep(logp, sampling, cmask.float(), cfg.mirrorpop.delta)
+    keep, _ = mirrorpop_filter(logp, sampling, cmask.float(), cfg.mirrorpop.mode, cfg.mirrorpop.delta)
     assert keep.tolist() == [True, False, True]
     expect = policy_loss(logp, old, adv, cmask.float(), cfg.eps_low, cfg.eps_high, cfg.beta, ref, keep)
     assert trainer._compute_loss(model, inputs).item() == pytest.approx(expect.item(), rel=1e-5)

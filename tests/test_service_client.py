@@ -138,21 +138,19 @@ async def test_an_honest_kernel_passes_through_the_service(service):
     assert again.to_dict() == verdict.to_dict()  # the same code in a model's answer: the same job
 
 
-def test_rl_rollout_verifies_through_the_service(service, monkeypatch):
+def test_rl_rollout_verifies_through_the_service(service):
     """`verifier_url` in an RL config: the rollout gets its verdicts and feedback turns from the service."""
     from test_episode import Scripted
 
+    from musacoder.api import Verifier
     from musacoder.conversation import task_messages
     from musacoder.episode import Episode, run_episodes
-    from musacoder.train.rl.verifiers import ServiceVerifier, make_verifier
 
     eng = Scripted({0: NO_CODE, 1: ILLEGAL})
-    monkeypatch.setenv("MUSACODER_TOKEN", TOKEN)  # the token comes from the environment, never from the config
     with serving(service()) as url:
-        verifier = make_verifier(url, {})
-        assert isinstance(verifier, ServiceVerifier)
+        verifier = Verifier(url=url, token=TOKEN)
         t = Episode(RELU, task_messages(RELU, "cpu", one_shot=False), max_turns=2)
-        st = run_episodes([t], eng.generate, verifier.verify)
+        st = run_episodes([t], eng.generate, verifier.verdicts)
     assert [x.status for x in t.rounds] == ["format_error", "illegal"] and t.scores == [-1.0, -1.0]
     assert eng.seen[1][0][3]["content"].startswith("=== System Feedback for Round 1 ===\nStatus: format_error")
     assert st.responses == 2 and st.verify_s > 0

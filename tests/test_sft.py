@@ -82,8 +82,8 @@ def test_trainer_batches_carry_loss_on_the_last_turn_only(tmp_path, data):
 
 def test_eval_twins_are_refused_counted_and_said(tmp_path, capsys):
     from musacoder.conversation import task_messages
+    from musacoder.data.records import DataError
     from musacoder.tasks import Task, builtin_task
-    from musacoder.train.data import DataError
 
     relu = builtin_task("level1/19_ReLU").code.replace("torch.rand(batch_size, dim)", "torch.rand(batch_size, 4, dim)")
     twin = {"messages": task_messages(Task("relu3", relu), "cpu") + [{"role": "assistant", "content": "```python\n"

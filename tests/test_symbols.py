@@ -7,12 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from musacoder.verifier.symbols import (
-    check_imports,
-    library_symbols,
-    own_kernel,
-    qualified_name,
-)
+from musacoder.backends.kernel_names import own_kernel, qualified_name
+from musacoder.verifier.symbols import check_imports, library_symbols
 
 # Imports of real honest builds (load_inline, torch 2.13 CPU; nvcc 13 object against torch's c10/cuda headers),
 # the PyTorch part in full plus a sample of the libc/libstdc++/Python/OpenMP/CUDA-runtime part.

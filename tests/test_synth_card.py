@@ -10,8 +10,8 @@ from dataclasses import asdict
 import pytest
 
 from musacoder import cli
+from musacoder.data.decontam import DecontamSettings, Match, Result
 from musacoder.synth.card import CUT, collect, counts, write_card
-from musacoder.synth.decontam import DecontamSettings, Match, Result
 from musacoder.synth.graphs import GraphSpec
 from musacoder.synth.repair import INFRA, STILL_PASSES
 from musacoder.synth.tasks import synth_tasks

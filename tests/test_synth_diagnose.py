@@ -14,11 +14,12 @@ from test_bench_clients import dead_url, fast
 from musacoder.bench.clients.openai import OpenAIClient
 from musacoder.bench.store import Row
 from musacoder.cli import app
+from musacoder.data.records import DataError
 from musacoder.synth.clean import known_families, measure_families, with_families
 from musacoder.synth.diagnose import FAMILIES_JSON, WeightRule, family_stats, family_weights
 from musacoder.tasks import builtin_task
 from musacoder.tasks.loaders import load_tasks
-from musacoder.train.data import DataError, item_families, mix
+from musacoder.train.data import item_families, mix
 from musacoder.train.sft import SFTConfig
 
 RELU, GEMM = builtin_task("level1/19_ReLU"), builtin_task("level2/76_Gemm_Add_ReLU")
@@ -166,7 +167,8 @@ def test_task_records_keep_their_families_and_records_carry_them(tmp_path):
 
 
 def test_weighted_draws_are_unbiased_per_item_and_tight_per_weight():
-    from musacoder.train.data import Record, _draw_weighted
+    from musacoder.data.records import Record
+    from musacoder.train.data import _draw_weighted
 
     items = [[Record([], metadata={"i": i})] for i in range(7)]
     weights = [1.3, 0.25, 0.25, 0.25, 0.25, 2.0, 0.0]

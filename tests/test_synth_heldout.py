@@ -8,8 +8,9 @@ import json
 import pytest
 
 from musacoder import cli
+from musacoder.data.keys import Keys, ops_of
 from musacoder.synth.graphs import GraphSpec, generate, render, task_name
-from musacoder.synth.heldout import Keys, cap, hidden_seed, ops_of, split
+from musacoder.synth.heldout import cap, hidden_seed, split
 from musacoder.tasks import builtin_task
 
 RELU = builtin_task("level1/19_ReLU")

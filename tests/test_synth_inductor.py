@@ -99,10 +99,10 @@ def test_synth_solve_verifies_teacher_solutions_and_writes_sft_records(tmp_path,
     records the training loader reads; a rerun tries nothing again."""
     import json
 
+    from musacoder.data.records import load_records
     from musacoder.synth.graphs import GraphSpec, generate, render
     from musacoder.synth.solve import SFT, SOLUTIONS, solve_tasks
     from musacoder.tasks import Task
-    from musacoder.train.data import load_records
 
     spec = GraphSpec(families=("broadcast", "activation", "binary"), min_ops=3, max_ops=3, size=0.25)
     gen = Task(name="generated", code=render(generate(11, spec)))

@@ -11,6 +11,7 @@ from musacoder.bench import clients
 from musacoder.bench.clients import ReplayClient
 from musacoder.bench.clients.openai import OpenAIClient
 from musacoder.cli import app
+from musacoder.data.records import load_records
 from musacoder.examples_catalog import EXAMPLES_DIR
 from musacoder.synth.qa import (
     ANSWERS,
@@ -29,7 +30,6 @@ from musacoder.synth.qa import (
 )
 from musacoder.synth.solve import SOLUTIONS
 from musacoder.tasks import builtin_task
-from musacoder.train.data import load_records
 
 RELU = builtin_task("level1/19_ReLU")
 KERNEL = (EXAMPLES_DIR / "cpu/honest_relu.py").read_text()

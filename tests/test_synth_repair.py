@@ -11,6 +11,7 @@ import pytest
 from musacoder import cli
 from musacoder.config import VerifyConfig
 from musacoder.conversation import feedback_message, task_messages
+from musacoder.data.records import load_records
 from musacoder.examples_catalog import EXAMPLES_DIR
 from musacoder.synth.mutate import OPERATORS, mutate
 from musacoder.synth.repair import (
@@ -24,7 +25,6 @@ from musacoder.synth.repair import (
     repair_records,
 )
 from musacoder.tasks import builtin_task
-from musacoder.train.data import load_records
 from musacoder.verifier.feedback import feedback_text
 from musacoder.verifier.verdict import Verdict
 

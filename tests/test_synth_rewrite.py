@@ -9,6 +9,7 @@ import pytest
 
 from musacoder import cli
 from musacoder.config import TimingConfig, VerifyConfig
+from musacoder.data.records import load_records
 from musacoder.examples_catalog import EXAMPLES_DIR
 from musacoder.pool.local import LocalPool
 from musacoder.synth.profiling import (
@@ -41,7 +42,6 @@ from musacoder.synth.rewrite import (
     write_pairs,
 )
 from musacoder.tasks import builtin_task
-from musacoder.train.data import load_records
 
 RELU_TASK = builtin_task("level1/19_ReLU")
 FAST = (EXAMPLES_DIR / "cpu" / "honest_relu.py").read_text()

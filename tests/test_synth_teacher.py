@@ -11,11 +11,11 @@ from musacoder.bench.clients import ReplayClient
 from musacoder.bench.clients.openai import OpenAIClient
 from musacoder.cli import app
 from musacoder.conversation import task_messages
+from musacoder.data.records import load_records
 from musacoder.examples_catalog import EXAMPLES_DIR
 from musacoder.synth.prompts import STEPS, Item, prompt_messages, tensor_metadata
 from musacoder.synth.solve import SFT, SOLUTIONS, TeacherConfig, teach_tasks
 from musacoder.tasks import Task, builtin_task
-from musacoder.train.data import load_records
 
 RELU, GEMM = builtin_task("level1/19_ReLU"), builtin_task("level2/76_Gemm_Add_ReLU")
 HONEST = "```python\n" + (EXAMPLES_DIR / "cpu/honest_relu.py").read_text() + "\n```"

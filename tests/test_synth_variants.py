@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from musacoder import cli
+from musacoder.data.decontam import trace_task
 from musacoder.synth.clean import check_task
-from musacoder.synth.decontam import trace_task
 from musacoder.synth.variants import (
     VariantError,
     chain_variant,

@@ -5,18 +5,8 @@ import random
 
 import pytest
 
-from musacoder.train.data import (
-    DataError,
-    RecordError,
-    Source,
-    context_messages,
-    draw,
-    last_turn_mask,
-    load_records,
-    mix,
-    render_prompt,
-    validate,
-)
+from musacoder.data.records import DataError, RecordError, Source, load_records, validate
+from musacoder.train.data import context_messages, draw, last_turn_mask, mix, render_prompt
 
 
 def rec(answer="A", question="Q", kind="qa", **kw):

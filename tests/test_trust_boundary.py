@@ -137,7 +137,7 @@ def test_each_candidate_runs_in_a_fresh_process(cache_dir, fork):
     assert "pid namespace of its own" in a.details["sandbox"], a.details["sandbox"]
     assert (Path(cache_dir) / "logs" / f"zygote-{a.details['worker_pid']}.log").exists() == fork
     # the pool kills its judge at close; what the judge had in shared memory goes with it
-    from musacoder.verifier.buffers import shm_root
+    from musacoder.proc.scratch import shm_root
 
     assert not list(shm_root().glob(f"musacoder-*-{a.details['worker_pid']}-*"))
 

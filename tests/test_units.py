@@ -222,8 +222,7 @@ def test_reward_eq2(status, q, nu, expected):
 
 
 def _decide(facts):
-    v = Verdict(status=None, reason="")
-    return decide(v, VerifyConfig(), StaticResult(), None, Facts.model_validate(facts))
+    return decide(VerifyConfig(), StaticResult(), None, Facts.model_validate(facts))
 
 
 def test_decide_orders_legality_before_correctness():
@@ -555,7 +554,7 @@ def test_a_forked_subject_whose_end_went_unrecorded_says_so(tmp_path):
     import subprocess
     from multiprocessing.connection import Connection
 
-    from musacoder.pool.process import WorkerDied, WorkerProcess
+    from musacoder.proc.process import WorkerDied, WorkerProcess
     from musacoder.verifier.zygote import Forked
 
     gone = subprocess.Popen(["true"], start_new_session=True)  # left a zombie: its pid stays ours, never reused
@@ -564,7 +563,7 @@ def test_a_forked_subject_whose_end_went_unrecorded_says_so(tmp_path):
     try:
         proc = Forked(gone.pid, tmp_path / "exit")
         assert proc.poll() is not None and not proc.recorded
-        worker = WorkerProcess("subject-cand", "cpu", tmp_path)
+        worker = WorkerProcess("subject-cand", "cpu", tmp_path, ["musacoder.verifier.subject"])
         ours, _theirs = socket.socketpair()
         worker.proc, worker.conn = Forked(gone.pid, tmp_path / "exit"), Connection(ours.detach())
         with pytest.raises(WorkerDied, match="exit status not recorded"):

@@ -67,4 +67,17 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Backend", "BackendError", "NAMES", "get_backend", "musa_loaded", "resolve"]
+def available_bytes(backend: str, worker_mem_gb: float = 0.0) -> int:
+    """Memory a run can use: free device memory on a GPU backend (cuda, triton, musa, musa-on-cuda); else available
+    RAM, capped by the worker limit."""
+    if backend != "cpu":
+        rt = get_backend(backend).rt  # torch.cuda, or torch_musa's torch.musa
+        if rt.is_available():
+            return rt.mem_get_info()[0]
+    import psutil
+
+    avail = psutil.virtual_memory().available
+    return min(avail, int(worker_mem_gb * 2**30)) if worker_mem_gb > 0 else avail
+
+
+__all__ = ["Backend", "BackendError", "NAMES", "available_bytes", "get_backend", "musa_loaded", "resolve"]

@@ -277,7 +277,7 @@ class GpuBackend(Backend):
         argument types mention at::/c10::)."""
         from torch.profiler import ProfilerActivity, profile
 
-        from musacoder.verifier.symbols import own_kernel
+        from musacoder.backends.kernel_names import own_kernel
 
         with profile(activities=[ProfilerActivity.CPU, activity]) as prof:
             fn(*args)

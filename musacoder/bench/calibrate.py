@@ -231,7 +231,7 @@ def _verify(rows: list[dict], tasks: list, backend: str, cache: str, method: str
 
 def _truth(rows: list[dict], backend: str, cache: str) -> list[dict]:
     """The same kernels timed in a plain process, after the pool is closed (nothing else on the device)."""
-    from musacoder.pool.process import usable_cores
+    from musacoder.proc.process import usable_cores
     from musacoder.verifier.judge import steady_malloc
 
     threads = usable_cores() if backend == "cpu" else None

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from musacoder import conversation
+from musacoder.api import verify_many
 from musacoder.bench.clients.base import Client, Generation, Request
 from musacoder.bench.metrics import FAST_PS, compute_metrics
 from musacoder.bench.store import GENERATED, GENERATION_ERROR, Row, RunMismatch, Store
@@ -33,7 +34,6 @@ from musacoder.config import VerifyConfig
 from musacoder.episode import Episode, Round
 from musacoder.progress import LoggedProgress
 from musacoder.tasks.model import Task
-from musacoder.verifier.api import verify_many
 
 RETRY_VERDICTS = {"infra_error"}  # the verifier failed, not the candidate: verify again on the next run
 
@@ -177,7 +177,7 @@ def identical_samples(texts: dict[str, list[str]], temperature: float) -> str | 
             "Pass@k is then meaningless")
 
 
-def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, Task], client: Client, store: Store,
+def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, Task], client: Client, store: Store,  # noqa: C901
               vcfg: VerifyConfig, progress: Progress, overlap: bool, interrupts: Interrupts) -> None:
     ready: queue.Queue = queue.Queue()  # (task, sample, raw) waiting for verification; None: generation ended
     stop = threading.Event()

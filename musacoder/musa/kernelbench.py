@@ -94,7 +94,7 @@ def to_cuda(code: str) -> Result:
     return Result(translate_python(_drop_import(code), M2C, warnings), warnings)
 
 
-def cuda_only(musa: str) -> list[str]:
+def cuda_only(musa: str) -> list[str]:  # noqa: C901
     """What the MUSA text still uses that has no MUSA counterpart (empty: nothing)."""
     from musacoder.musa.portability import check
     from musacoder.verifier.static import dotted_name

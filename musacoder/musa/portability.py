@@ -71,7 +71,7 @@ _SHARED = re.compile(r"\b__shared__\s+(?:(?:volatile|const|static|alignas\(\d+\)
 _DEVICE_FN = re.compile(r"\b__(?:global|device)__\b[^;{]*\{")
 
 
-def check_cpp(src: str, static_shared_limit: int = 28 * 1024) -> list[Finding]:
+def check_cpp(src: str, static_shared_limit: int = 28 * 1024) -> list[Finding]:  # noqa: C901
     code = _strip(src)
     consts = _constants(code)
     out: list[Finding] = []

@@ -13,9 +13,9 @@ import threading
 from musacoder.backends import resolve
 from musacoder.config import VerifyConfig
 from musacoder.pool.base import Job, PoolBase
-from musacoder.pool.process import usable_cores
 from musacoder.pool.slots import CompileSlot, DeviceSlot
-from musacoder.verifier.buffers import remove_dir
+from musacoder.proc.process import usable_cores
+from musacoder.proc.scratch import remove_dir
 from musacoder.verifier.devlock import lock_dir, shared_devices
 from musacoder.verifier.verdict import Status
 
@@ -28,9 +28,9 @@ class LocalPool(PoolBase):
         self.backend = self.cfg.backend
         # device worker i runs on visible device self._on[i]
         self._on = list(self.cfg.devices) if self.cfg.devices and not devices else \
-            list(range(devices or max(1, self.backend_impl.device_count())))
+            list(range(devices or max(1, self.admission.backend.device_count())))
         self.n_devices = len(self._on)
-        seen = self.backend_impl.device_count()
+        seen = self.admission.backend.device_count()
         if self.cfg.devices and seen and max(self.cfg.devices) >= seen:
             raise ValueError(f"verify.devices {list(self.cfg.devices)} names a device this host does not have "
                              f"({seen} visible)")
@@ -89,7 +89,7 @@ class LocalPool(PoolBase):
         self._device_ready.wait(timeout=600)
         slot = CompileSlot(self.backend, self.cfg, self.cfg.cache_dir, self._arch_env)
         while (job := self._compile_q.get()) is not None:
-            if self._compiled(job, *slot.run(job.code)):
+            if self._compiled(job, *slot.run(job.case.code)):
                 self._to_device(job)
         slot.kill()
 
@@ -100,19 +100,15 @@ class LocalPool(PoolBase):
         if i == 0:
             self._device_info = hello
             cap = hello.get("versions", {}).get("capability")
-            self._arch_env = self.backend_impl.arch_env([cap] if cap else [])
+            self._arch_env = self.admission.backend.arch_env([cap] if cap else [])
             self._device_ready.set()
         while (job := self._device_q.get()) is not None:
-            self._stamp(job, hello)
+            self._on_device(job, hello)
             if "error" in hello:
-                job.verdict.status, job.verdict.reason = Status.INFRA_ERROR, hello["error"][:500]
-                self._finish(job, job.static)
+                job.case.failure = (Status.INFRA_ERROR, hello["error"][:500])
+                self._finish(job)
                 continue
-            facts, failure, seconds = slot.evaluate(self.device_request(job))
-            job.verdict.stage_seconds["device"] = round(seconds, 4)
-            if failure:
-                job.verdict.status, job.verdict.reason = failure
-            self._busy["device"] += seconds
+            facts, failure, seconds = slot.evaluate(self.admission.evaluate_job(job.case))
             self._busy_each[i] += seconds
-            self._finish(job, job.static, facts)
+            self._evaluated(job, facts, failure, seconds)
         slot.kill()

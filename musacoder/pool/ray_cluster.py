@@ -126,7 +126,7 @@ class RayPool(PoolBase):
             self._add("device", a, h)
         self._device_info = hellos[0]
         caps = sorted({h.get("versions", {}).get("capability") for h in hellos} - {None})
-        self._arch_env = self.backend_impl.arch_env(caps)
+        self._arch_env = self.admission.backend.arch_env(caps)
         self._device_ready.set()
         for _ in range(self.n_compile):
             self._launch("compile")
@@ -173,8 +173,8 @@ class RayPool(PoolBase):
             job.extra["slot"] = True
         self._incoming.put((kind, job))
 
-    def _has_artifacts(self, job: Job) -> bool:
-        return job.pkey in self._artifacts
+    def _has_artifacts(self, key: str) -> bool:
+        return key in self._artifacts
 
     def _released(self, job: Job):
         if job.extra.pop("slot", None):
@@ -207,15 +207,15 @@ class RayPool(PoolBase):
     def _dispatch(self):
         while self._pending["compile"] and self._idle["compile"]:
             job, actor = self._pending["compile"].popleft(), self._idle["compile"].popleft()
-            meta, blobs = actor.compile.remote(job.code)
+            meta, blobs = actor.compile.remote(job.case.code)
             job.extra["blobs"] = blobs
             self._inflight[meta] = ("compile", actor, job)
         while self._pending["device"] and self._idle["device"]:
             job, actor = self._pending["device"].popleft(), self._idle["device"].popleft()
             hello = self._hello[actor]
-            self._stamp(job, hello)
-            blobs = job.extra.get("blobs") or self._artifacts.get(job.pkey) or {}
-            self._inflight[actor.run.remote(self.device_request(job), blobs)] = ("device", actor, job)
+            self._on_device(job, hello)
+            blobs = job.extra.get("blobs") or self._artifacts.get(job.case.pkey) or {}
+            self._inflight[actor.run.remote(self.admission.evaluate_job(job.case), blobs)] = ("device", actor, job)
 
     def _collect(self, ref):
         kind, actor, job = self._inflight.pop(ref)
@@ -233,15 +233,11 @@ class RayPool(PoolBase):
         failure = (Status(out["failure"][0]), out["failure"][1]) if out["failure"] else None
         if kind == "compile":
             if self._compiled(job, out["res"], failure, out["seconds"]):
-                self._remember(job.pkey, job.extra["blobs"])
+                self._remember(job.case.pkey, job.extra["blobs"])
                 self._pending["device"].append(job)
             return
         job.extra.pop("blobs", None)
-        job.verdict.stage_seconds["device"] = round(out["seconds"], 4)
-        self._busy["device"] += out["seconds"]
-        if failure:
-            job.verdict.status, job.verdict.reason = failure
-        self._finish(job, job.static, out["facts"])
+        self._evaluated(job, out["facts"], failure, out["seconds"])
 
     def _remember(self, pkey: str, blobs_ref):
         self._artifacts[pkey] = blobs_ref
@@ -252,12 +248,11 @@ class RayPool(PoolBase):
     def _retry(self, job: Job, why: str):
         self.infra_retries += 1
         job.extra["retries"] = job.extra.get("retries", 0) + 1
-        self._artifacts.pop(job.pkey, None)  # its artifact may have lived on the lost node: build again
+        self._artifacts.pop(job.case.pkey, None)  # its artifact may have lived on the lost node: build again
         job.extra.pop("blobs", None)
         if job.extra["retries"] > self.max_infra_retries:
-            job.verdict.status = Status.INFRA_ERROR
-            job.verdict.reason = f"cluster failure {job.extra['retries']} times; last: {why}"
-            self._finish(job, job.static)
+            job.case.failure = (Status.INFRA_ERROR, f"cluster failure {job.extra['retries']} times; last: {why}")
+            self._finish(job)
         else:
             self._pending["compile"].append(job)
 

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from musacoder.config import VerifyConfig
-from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout
+from musacoder.pool.worker import worker_argv
+from musacoder.proc.process import WorkerDied, WorkerProcess, WorkerTimeout
 from musacoder.verifier.protocol import PrebuildJob, PrebuildResult, WorkerHello
 from musacoder.verifier.verdict import Status
 
@@ -37,8 +38,8 @@ def worker_env(cfg: VerifyConfig) -> dict:
 class CompileSlot:
     def __init__(self, backend: str, cfg: VerifyConfig, cache_dir: Path, arch_env: dict):
         self.cfg = cfg
-        self.worker = WorkerProcess("compile", backend, cache_dir, env=compile_env(backend, cfg, arch_env),
-                                    max_jobs=cfg.worker_max_jobs)
+        self.worker = WorkerProcess("compile", backend, cache_dir, worker_argv("compile", backend, cache_dir),
+                                    env=compile_env(backend, cfg, arch_env), max_jobs=cfg.worker_max_jobs)
 
     def run(self, code: str) -> tuple[dict | None, tuple[Status, str] | None, float]:
         """-> (prebuild result, failure, seconds)."""
@@ -86,7 +87,8 @@ class DeviceSlot:
                  sharing: int = 1):
         env = device_env(backend, cfg, index, sharing)
         self.cfg, self.device_lock = cfg, device_lock
-        self.dev = WorkerProcess("device", backend, cache_dir, env=env, max_jobs=cfg.worker_max_jobs)
+        self.dev = WorkerProcess("device", backend, cache_dir, worker_argv("device", backend, cache_dir), env=env,
+                                 max_jobs=cfg.worker_max_jobs)
         self.hello: dict = {}
 
     def start(self) -> dict:

@@ -16,6 +16,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 
+def worker_argv(role: str, backend: str, cache_dir) -> list[str]:
+    """This module and its arguments, for `proc.process.WorkerProcess`."""
+    return ["musacoder.pool.worker", "--role", role, "--backend", backend, "--cache", str(cache_dir)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", required=True, choices=["compile", "device"])
@@ -27,6 +32,8 @@ def main(argv=None):
     affinity = hasattr(os, "sched_setaffinity")  # Linux
     if affinity and os.environ.get("MUSACODER_WORKER_CPUS"):  # before any thread or child: they all inherit it
         os.sched_setaffinity(0, {int(c) for c in os.environ["MUSACODER_WORKER_CPUS"].split(",")})
+    from musacoder.proc.process import adopt_orphans_and_follow_parent
+
     adopt_orphans_and_follow_parent()
     mem_gb = float(os.environ.get("MUSACODER_WORKER_MEM_GB", "0"))
     if mem_gb > 0:  # host-memory cap, inherited by subjects and compilers: a bomb fails inside, not the node
@@ -89,20 +96,6 @@ def _profiled(fn):
             finally:
                 prof.dump_stats(Path(where) / f"judge-{os.getpid()}-{time.monotonic_ns()}.prof")
     return run
-
-
-def adopt_orphans_and_follow_parent():
-    """Linux: become the reaper of our descendants (a double-forked or setsid'd child of a candidate is still in
-    our tree when it is killed) and die with our parent (a pool or judge killed hard leaves nothing running)."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 GIB = 2**30

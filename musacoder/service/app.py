@@ -19,13 +19,13 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from musacoder import __version__
 from musacoder.service.jobs import JobManager, QueueFull, UnknownJob
 from musacoder.service.metrics import Metrics
 from musacoder.service.settings import ServiceSettings
 from musacoder.service.store import VerdictStore
 from musacoder.tasks.model import Task, TaskLoadError
 from musacoder.verifier.verdict import Verdict
+from musacoder.version import __version__
 
 log = logging.getLogger("musacoder.service")
 
@@ -92,7 +92,7 @@ class _BodyLimit:
         await self.app(scope, counted, send)
 
 
-def create_app(pool, settings: ServiceSettings | None = None) -> FastAPI:
+def create_app(pool, settings: ServiceSettings | None = None) -> FastAPI:  # noqa: C901
     """The service around `pool` (which the caller owns and closes)."""
     settings = settings or ServiceSettings()
     store = VerdictStore(settings.db_path or pool.cfg.cache_dir / "service.sqlite")

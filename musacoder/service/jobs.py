@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 from starlette.concurrency import run_in_threadpool
 
-from musacoder import __version__
 from musacoder.candidates import ExtractionError, extract_code
 from musacoder.service.settings import ServiceSettings
 from musacoder.service.store import VerdictStore
 from musacoder.tasks.model import Task
 from musacoder.verifier.verdict import Status, Verdict
+from musacoder.version import __version__
 
 log = logging.getLogger("musacoder.service")
 

@@ -23,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from musacoder.config import VerifyConfig
-from musacoder.pool.base import TASK_CONFIG
 from musacoder.service.jobs import JobManager, UnknownJob
 from musacoder.tasks.model import Task
+from musacoder.verifier.admission import TASK_CONFIG
 from musacoder.verifier.verdict import Status, Verdict
 
 

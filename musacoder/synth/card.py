@@ -9,7 +9,7 @@ report is counted under decontam only when its input is read too. A file name se
 readable record (an empty dropped.jsonl is still the tasks stage's).
 
 With eval sets (`--eval`), the card also says how many of its training records and tasks are eval twins: the same
-computation at any rank, size or spelling (the canonical op graph of synth/opgraph.py) or the same program as an
+computation at any rank, size or spelling (the canonical op graph of data/opgraph.py) or the same program as an
 eval task, and which eval tasks they copy (synth/heldout.py's keys, as `synth twins` and SFT's refusal use them).
 
 A line that is not read is counted with its reason, never raised: a line cut by an interrupted run (the last line
@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from musacoder.bench.report import _cell, _table, pct
+from musacoder.data.records import RecordError, validate
 from musacoder.synth.repair import MUTANTS, REPAIR, REVIEWER
 from musacoder.synth.solve import NO_PROMPT, SFT, SOLUTIONS
 from musacoder.synth.tasks import DROPPED
 from musacoder.synth.variants import dropped_path
-from musacoder.train.data import RecordError, validate
 
 REPORT = "decontam_report.json"  # the name `synth decontam` gives its report
 CUT = "cut by an interrupted run"
@@ -305,7 +305,7 @@ def _sorted(c: Counter) -> dict:
     return dict(c.most_common())
 
 
-def counts(scans: list[Scan]) -> dict:
+def counts(scans: list[Scan]) -> dict:  # noqa: C901
     """Everything the card says, as JSON-ready counts."""
     of = defaultdict(list)
     for s in scans:
@@ -448,8 +448,8 @@ def eval_twins(scans: list[Scan], sources: list[str]) -> list[dict]:
     """Per eval set: how many training records and tasks of the scanned files copy one of its tasks (the same
     computation or program), by key, and which eval tasks are copied. Decontaminated copies count once, as the
     counts do."""
-    from musacoder.synth.decontam import task_code
-    from musacoder.synth.heldout import Keys
+    from musacoder.data.decontam import task_code
+    from musacoder.data.keys import Keys
     from musacoder.synth.twins import eval_records, task_key
 
     keys = Keys()
@@ -563,7 +563,7 @@ def _more(lines: list[str], total: int) -> list[str]:
     return lines + ([f"- ... and {total - len(lines)} more (all of them in `--json`)"] if total > len(lines) else [])
 
 
-def render(c: dict, plots: list[str], inputs: list[str]) -> str:
+def render(c: dict, plots: list[str], inputs: list[str]) -> str:  # noqa: C901
     files = c["files"]
     unread = sum(p["lines"] for f in files for p in f["not_read"].values())
     cut = sum(f["not_read"].get(CUT, {}).get("lines", 0) for f in files)

@@ -21,27 +21,13 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from musacoder.data.opgraph import IGNORED_OPS, families_of
 from musacoder.verifier.inputs import Shape, init_inputs, load_module, make_inputs, scaled_constants
 
 THRESHOLD = 0.01  # robust-kbench's
 SEEDS = 3
 
 # aten op -> operator family, for mixing and reporting (first match wins)
-_FAMILY_OF = (("conv", "convolution"), ("pool", "pooling"), ("norm", "normalization"), ("softmax", "softmax"),
-              ("mm", "matmul"), ("matmul", "matmul"), ("linear", "matmul"), ("addmm", "matmul"),
-              ("loss", "loss"), ("cum", "scan"), ("index", "indexing"), ("gather", "indexing"),
-              ("scatter", "indexing"), ("sum", "reduction"), ("mean", "reduction"), ("amax", "reduction"),
-              ("max", "reduction"), ("min", "reduction"), ("relu", "activation"), ("gelu", "activation"),
-              ("sigmoid", "activation"), ("tanh", "activation"), ("silu", "activation"), ("elu", "activation"),
-              ("softplus", "activation"), ("mish", "activation"), ("hardtanh", "activation"),
-              ("view", "reshape"), ("reshape", "reshape"), ("transpose", "reshape"), ("permute", "reshape"),
-              ("flatten", "reshape"))
-_IGNORED = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::to", "aten::_to_copy", "aten::copy_",
-            "aten::detach", "aten::resolve_conj", "aten::resolve_neg", "aten::as_strided", "aten::expand",
-            "aten::contiguous", "aten::clone", "aten::fill_", "aten::zero_", "aten::zeros", "aten::t",
-            "aten::unsqueeze", "aten::squeeze", "aten::select", "aten::slice", "aten::lift_fresh"}
-
-
 @dataclass
 class TaskReport:
     problems: list[str] = field(default_factory=list)  # why to drop it; empty: keep
@@ -51,16 +37,6 @@ class TaskReport:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-def families_of(aten_ops: list[str]) -> list[str]:
-    out = []
-    for op in aten_ops:
-        name = op.removeprefix("aten::")
-        fam = next((f for key, f in _FAMILY_OF if key in name), "elementwise")
-        if fam not in out:
-            out.append(fam)
-    return out
 
 
 def _build(module, shape: Shape, seed: int):
@@ -95,7 +71,7 @@ class _AtenOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = "aten::" + func.__name__.split(".")[0]
-        if name not in _IGNORED and name not in self.seen:
+        if name not in IGNORED_OPS and name not in self.seen:
             self.seen.append(name)
         return func(*args, **(kwargs or {}))
 

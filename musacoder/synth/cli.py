@@ -248,7 +248,7 @@ def decontam(input_: Path = typer.Option(..., "--input", help="JSONL of task rec
     task."""
     import json
 
-    from musacoder.synth.decontam import DecontamSettings, run, summary
+    from musacoder.data.decontam import DecontamSettings, run, summary
     from musacoder.tasks.loaders import _read_jsonl
     from musacoder.tasks.select import select_tasks
 
@@ -653,7 +653,8 @@ def dedupe(input_: Path = typer.Option(..., "--input", help="JSONL of task recor
     Records without a key (no task in them, untraceable) are kept and listed."""
     import json
 
-    from musacoder.synth.heldout import KEYS, Keys, cap, read_records, write_jsonl
+    from musacoder.data.keys import Keys
+    from musacoder.synth.heldout import KEYS, cap, read_records, write_jsonl
 
     _offline()
     if key not in KEYS:
@@ -688,7 +689,8 @@ def split_cmd(input_: Path = typer.Option(..., "--input", help="JSONL of task re
     drop from train every record still the same computation or program as an eval task. Reproducible from --seed."""
     import json
 
-    from musacoder.synth.heldout import SPLIT_BY, Keys, read_records, split, write_jsonl
+    from musacoder.data.keys import Keys
+    from musacoder.synth.heldout import SPLIT_BY, read_records, split, write_jsonl
 
     _offline()
     if by not in SPLIT_BY:
@@ -725,7 +727,8 @@ def twins(train: list[Path] = typer.Option(..., help="training data: JSONL of ta
     program or generator op sequence, at the same rank or another) and its nearest training task by text."""
     import json
 
-    from musacoder.synth.heldout import Keys, read_records, write_jsonl
+    from musacoder.data.keys import Keys
+    from musacoder.synth.heldout import read_records, write_jsonl
     from musacoder.synth.twins import EvalSet, analyse, counts_line, eval_records, markdown, split_by_twin
 
     _offline()
@@ -771,8 +774,9 @@ def hidden(out: Path = typer.Option(..., help="directory (keep it out of the rep
     """A rotating hidden evaluation set: operator-graph tasks generated from seeds keyed by a secret (never stored in
     the repository) and the rotation label, cleaned, decontaminated against KernelBench and the training data, one
     task per computation; judge it with `bench run --profile strict` (metrics.json has Pass@k with its interval)."""
+    from musacoder.data.keys import Keys
     from musacoder.synth.graphs import FAMILIES, GraphSpec
-    from musacoder.synth.heldout import Keys, hidden_set, read_records, read_secret, tracked_by_git
+    from musacoder.synth.heldout import hidden_set, read_records, read_secret, tracked_by_git
     from musacoder.synth.twins import eval_records
     from musacoder.tasks.model import Task
 
@@ -790,7 +794,7 @@ def hidden(out: Path = typer.Option(..., help="directory (keep it out of the rep
                   "hidden set")
 
     def tasks_of(records: list[dict], origin: str) -> list[Task]:
-        from musacoder.synth.decontam import record_name, task_code
+        from musacoder.data.decontam import record_name, task_code
 
         return [Task(name=record_name(r, i), code=c, source=f"{origin}#{i}") for i, r in enumerate(records)
                 if (c := task_code(r)) is not None]

@@ -801,7 +801,7 @@ def _hf_config_kwargs(config_cls) -> dict[str, str]:
     return out
 
 
-def _hf_block(t: _Task, cls_name: str, mod, config_cls, block: str):
+def _hf_block(t: _Task, cls_name: str, mod, config_cls, block: str):  # noqa: C901
     """A block built from a tiny config; `rotary` is the module's apply_rotary_pos_emb on q and k with the cos/sin
     of its rotary embedding (computed in forward from the positions)."""
     keys = _hf_config_kwargs(config_cls)

@@ -2,7 +2,7 @@
 one task per op sequence, at most N per sequence), a split that holds out whole operator families or op sequences
 (`synth split`), and a rotating hidden evaluation set generated from a secret seed (`synth hidden`).
 
-A record's keys (`Facts`): `graph`, the canonical op graph of synth/opgraph.py (the same computation at any rank,
+A record's keys (`Facts`): `graph`, the canonical op graph of data/opgraph.py (the same computation at any rank,
 size or spelling: what the `opgraph` detector of decontamination compares); `ast`, the canonical program of the `ast`
 detector; `ops`, the generator's own op sequence (`metadata.ops` of `synth tasks` records, e.g. `relu -> bias_add`,
 a repeated op once), which is what a reader of the task's name sees; `sequence`, the former `opgraph` key (aten op
@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from musacoder.synth.decontam import TraceError, canonical_hash, record_name, task_code, trace_task
+from musacoder.data.decontam import record_name, task_code
+from musacoder.data.keys import Keys
 
 KEYS = ("graph", "ops")  # what dedupe and split group by
 SPLIT_BY = ("family", "ops", "graph")
@@ -33,66 +34,6 @@ SECRET_ENV = "MUSACODER_HIDDEN_SECRET"
 
 class HeldoutError(ValueError):
     """Input that cannot be used (no secret, a record without a task, an unknown key); the message says why."""
-
-
-@dataclass(frozen=True)
-class Facts:
-    graph: str | None  # None: the task could not be traced (see problem)
-    sequence: str | None
-    ast: str | None
-    ranks: tuple
-    families: tuple[str, ...]
-    problem: str = ""
-
-
-def ops_of(record: dict) -> str | None:
-    """The generator's op sequence (`synth tasks` writes metadata.ops) as the task's name shows it, a repeated op
-    once (`transpose -> transpose` is `transpose`), e.g. 'relu -> bias_add'; None without."""
-    ops = (record.get("metadata") or {}).get("ops")
-    return " -> ".join(dict.fromkeys(map(str, ops))) if isinstance(ops, list) and ops else None
-
-
-class Keys:
-    """The facts of each distinct task text, computed once (a trace on the meta device, the canonical program)."""
-
-    def __init__(self, max_trace_ops: int = 4096):
-        self.max_trace_ops = max_trace_ops
-        self._cache: dict[str, Facts] = {}
-
-    def facts(self, code: str) -> Facts:
-        h = hashlib.sha256(code.encode()).hexdigest()
-        if h not in self._cache:
-            self._cache[h] = self._compute(code)
-        return self._cache[h]
-
-    def _compute(self, code: str) -> Facts:
-        from musacoder.synth.clean import families_of
-
-        try:
-            ast_key = canonical_hash(code)
-        except SyntaxError as e:
-            return Facts(None, None, None, (), (), f"SyntaxError: {e}")
-        try:
-            tr = trace_task(code, self.max_trace_ops)
-        except TraceError as e:
-            return Facts(None, None, ast_key, (), (), str(e))
-        fams = families_of(["aten::" + op.split("[")[0] for op in tr.ops])
-        return Facts(tr.signature, tr.sequence_signature, ast_key, tr.input_ranks, tuple(fams))
-
-    def key(self, record: dict, by: str) -> str | None:
-        """The record's `graph` or `ops` key; None when it has none (no task, untraceable, no metadata.ops)."""
-        if by == "ops":
-            return ops_of(record)
-        code = task_code(record)
-        return None if code is None else self.facts(code).graph
-
-    def families(self, record: dict) -> tuple[str, ...]:
-        """The record's operator families: its metadata's (synth writes them), else the traced ones."""
-        fams = (record.get("metadata") or {}).get("families")
-        if isinstance(fams, list) and fams:
-            return tuple(map(str, fams))
-        code = task_code(record)
-        return () if code is None else self.facts(code).families
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -335,7 +276,7 @@ def hidden_set(out: Path, secret: str, rotation: str, n: int, spec, against: lis
     every one that is an eval twin of `against` (all detectors: KernelBench) or of `against_generated` (ast and
     opgraph: training data of the same generator, where near-copy text means nothing), keep one task per
     computation, and write the first `n` (anonymised) to OUT/tasks.jsonl with OUT/manifest.json."""
-    from musacoder.synth.decontam import DecontamSettings, run
+    from musacoder.data.decontam import DecontamSettings, run
     from musacoder.synth.tasks import synth_tasks
 
     seed = hidden_seed(secret, rotation)

@@ -354,7 +354,7 @@ def _run(task: Task, code: str, cfg: VerifyConfig, cmd: ProfileCommand, timeout_
     from pydantic import ValidationError
 
     from musacoder.backends import get_backend
-    from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout
+    from musacoder.proc.process import WorkerDied, WorkerProcess, WorkerTimeout
     from musacoder.verifier.build import Builder
     from musacoder.verifier.judge import steady_malloc
     from musacoder.verifier.protocol import BuildRequest, ProfileCommand, ProfileReply
@@ -523,7 +523,7 @@ def main(argv=None):
         resource.setrlimit(resource.RLIMIT_AS, (int(mem_gb * 2**30), int(mem_gb * 2**30)))
     from multiprocessing.connection import Connection
 
-    from musacoder.pool.worker import adopt_orphans_and_follow_parent
+    from musacoder.proc.process import adopt_orphans_and_follow_parent
     from musacoder.verifier.protocol import Hello, send
 
     conn = Connection(args.fd)

@@ -81,10 +81,11 @@ def tensor_metadata(task: Task, precision: str = "fp32") -> Metadata:
     run (it fails, or would not fit in memory)."""
     import torch
 
+    from musacoder.backends import available_bytes
     from musacoder.tasks.select import memory_problem
     from musacoder.verifier.inputs import DTYPES, Shape, init_inputs, load_module, make_inputs
 
-    if problem := memory_problem(task, "cpu"):
+    if problem := memory_problem(task, available_bytes("cpu"), "cpu"):
         raise MetadataError(problem)
     cpu = torch.device("cpu")
     try:

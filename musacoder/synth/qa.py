@@ -38,9 +38,9 @@ from string import Template
 from musacoder.bench.clients import Client, Request
 from musacoder.bench.runner import request_seed
 from musacoder.conversation import STYLES, SYSTEM
+from musacoder.data.records import RecordError, validate
 from musacoder.synth.tasks import recorded
 from musacoder.tasks.model import Task
-from musacoder.train.data import RecordError, validate
 
 QA, ANSWERS = "qa.jsonl", "qa_answers.jsonl"
 # what the questions name as the target, per backend (conversation.STYLES)
@@ -254,7 +254,7 @@ def _append(path: Path):
     return open(path, "a")
 
 
-def qa_records(materials: Iterable[Material], out_dir: Path, client: Client, teacher: str, backend: str,
+def qa_records(materials: Iterable[Material], out_dir: Path, client: Client, teacher: str, backend: str,  # noqa: C901
                cfg: QAConfig | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
     """Ask the teacher `cfg.per_task` questions about each material item and write the kept answers as qa records;
     returns the summary (asked, kept, dropped by reason, generation failures, what was already done)."""

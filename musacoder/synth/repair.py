@@ -150,7 +150,7 @@ def repair_records(solutions: Iterable[tuple[Task, str]], out_dir: Path, cfg: Ve
                    operators: Iterable[str] | None = None) -> dict:
     """Mutate, verify (in parallel, through the process's pool for `cfg`) and write repair.jsonl, reviewer.jsonl
     and mutants.jsonl under out_dir; return the summary."""
-    from musacoder.verifier.api import resolved, verify_many
+    from musacoder.api import resolved, verify_many
     from musacoder.verifier.feedback import feedback_text
     from musacoder.verifier.verdict import Status
 

@@ -211,8 +211,8 @@ def slow_teacher(solutions: list[Solution], out_dir: Path, cfg: VerifyConfig,
                  progress: Callable[[str, int, int], None] | None = None) -> tuple[list[Solution], dict]:
     """Second, slower Inductor solutions of the tasks whose `inductor` solution passed, verified (timed) and appended
     to out_dir/solutions.jsonl as they land; returns the passing ones and the summary."""
+    from musacoder.api import unusable
     from musacoder.pool.local import LocalPool
-    from musacoder.verifier.api import unusable
     from musacoder.verifier.verdict import Status
 
     file = out_dir / SOLUTIONS

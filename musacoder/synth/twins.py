@@ -15,9 +15,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from musacoder.synth.decontam import record_name, task_code, task_shingles
-from musacoder.synth.heldout import Keys, ops_of
-from musacoder.train.diversity import jaccard
+from musacoder.data.decontam import record_name, task_code, task_shingles
+from musacoder.data.diversity import jaccard
+from musacoder.data.keys import Keys, ops_of
 
 DETECTORS = ("graph", "ast", "ops", "ops_other_rank", "sequence")
 WHY = {"graph": "the same computation at any rank, size or spelling (canonical op graph: the opgraph detector)",

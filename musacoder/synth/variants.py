@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from musacoder.data.decontam import Trace, TraceError, trace_task
 from musacoder.pyast import parse
-from musacoder.synth.decontam import Trace, TraceError, trace_task
 from musacoder.tasks.model import Task
 
 KINDS = ("shape", "dtype", "fuse")

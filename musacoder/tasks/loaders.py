@@ -36,7 +36,7 @@ def _from_records(records: list[dict], source: str) -> list[Task]:
         pid = r.get("problem_id")
         meta = r.get("metadata")
         # the operator families of `synth tasks` records (for mixing by family), and nothing else of a file's
-        # metadata: Task.metadata has keys with a meaning to the verifier (pool.base.TASK_CONFIG)
+        # metadata: Task.metadata has keys with a meaning to the verifier (verifier.admission.TASK_CONFIG)
         fams = meta.get("families") if isinstance(meta, dict) else None
         tasks.append(Task(name=str(name), code=r["code"], level=int(level) if level is not None else None,
                           problem_id=int(pid) if pid is not None else None, source=f"{source}#{i}",

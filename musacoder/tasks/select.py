@@ -135,28 +135,13 @@ def estimate_bytes(task: Task, factor: float = 4.0) -> tuple[int, int]:
     return total, int(total * factor + 2 * params)
 
 
-def available_bytes(backend: str, worker_mem_gb: float = 0.0) -> int:
-    """Memory a run can use: free device memory on a GPU backend (cuda, triton, musa, musa-on-cuda); else available
-    RAM, capped by the worker limit."""
-    if backend != "cpu":
-        from musacoder.backends import get_backend
-
-        rt = get_backend(backend).rt  # torch.cuda, or torch_musa's torch.musa
-        if rt.is_available():
-            return rt.mem_get_info()[0]
-    import psutil
-
-    avail = psutil.virtual_memory().available
-    return min(avail, int(worker_mem_gb * 2**30)) if worker_mem_gb > 0 else avail
-
-
-def memory_problem(task: Task, backend: str, worker_mem_gb: float = 0.0) -> str | None:
-    """A message when the task will not fit, else None. Estimation failures are not fatal: the verifier decides."""
+def memory_problem(task: Task, have: int, backend: str) -> str | None:
+    """A message when the task will not fit in `have` bytes of `backend` (`backends.available_bytes`), else None.
+    Estimation failures are not fatal: the verifier decides."""
     try:
         inputs, need = estimate_bytes(task)
     except Exception:  # noqa: BLE001 - a task that cannot run on meta is judged by the verifier as usual
         return None
-    have = available_bytes(backend, worker_mem_gb)
     if need <= have:
         return None
     gb = 2**30

@@ -20,11 +20,12 @@ from musacoder.bench.clients import Client, make_client
 from musacoder.bench.runner import BenchConfig, run_bench
 from musacoder.bench.store import Row, Store
 from musacoder.config import AtLeast1, NonNegative, VerifyConfig
+from musacoder.data.diversity import ClusterSettings, cluster, mean_pairwise_distance
+from musacoder.data.records import Record, write_records
 from musacoder.settings import ConfigPath, Field, Settings
 from musacoder.tasks import Task
 from musacoder.tasks.select import select_tasks
-from musacoder.train.data import Record, draw, write_records
-from musacoder.train.diversity import ClusterSettings, cluster, mean_pairwise_distance
+from musacoder.train.data import draw
 
 
 @dataclass

@@ -19,18 +19,9 @@ import torch
 import yaml
 from jinja2 import TemplateError
 
+from musacoder.data.records import DataError, Problem, Record, Source
 from musacoder.settings import ConfigPath, Settings, check_passthrough
-from musacoder.train.data import (
-    DataError,
-    Mix,
-    Problem,
-    Record,
-    Source,
-    draw,
-    last_turn_mask,
-    load_eval_sets,
-    mix,
-)
+from musacoder.train.data import Mix, draw, last_turn_mask, load_eval_sets, mix
 
 FINAL = "final"  # the output dir's subdirectory holding the trained model and tokenizer
 

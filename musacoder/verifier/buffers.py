@@ -12,41 +12,17 @@ from __future__ import annotations
 
 import base64
 import math
-import os
 import secrets
-import shutil
-import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
+from musacoder.proc.scratch import shm_root
 from musacoder.verifier.protocol import TensorRef
-from musacoder.verifier.sandbox import shm_root
 
 DTYPE_NAMES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
                                    torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64)}
-
-
-def new_dir(prefix: str, shared_memory: bool = True) -> Path:
-    """A private directory: in shared memory where buffers live as files (cpu), else in the temporary directory."""
-    root = shm_root() if shared_memory else Path(tempfile.gettempdir())
-    d = root / f"musacoder-{prefix}-{os.getpid()}-{secrets.token_hex(6)}"
-    d.mkdir(mode=0o700)
-    return d
-
-
-def remove_dir(d: Path | None) -> None:
-    if d is not None:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def sweep(pid: int) -> None:
-    """Remove the directories a killed process created (named with its pid): a judge killed by its pool never runs
-    its own clean-up, and what it left in shared memory would hold RAM until the host restarts."""
-    for root in {shm_root(), Path(tempfile.gettempdir())}:
-        for d in root.glob(f"musacoder-*-{pid}-*"):
-            remove_dir(d)
 
 
 def device_ipc(device_type: str) -> bool:

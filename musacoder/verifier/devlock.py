@@ -18,11 +18,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from musacoder.verifier import buffers
+from musacoder.proc import scratch
 
 
 def lock_dir() -> Path:
-    return buffers.new_dir("locks")
+    return scratch.new_dir("locks")
 
 
 def shared_devices(on: list[int]) -> set[int]:

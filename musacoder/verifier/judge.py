@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from musacoder.config import VerifyConfig
-from musacoder.pool.process import WorkerDied, WorkerProcess, WorkerTimeout, _descendants, usable_cores
+from musacoder.proc import scratch
+from musacoder.proc.process import WorkerDied, WorkerProcess, WorkerTimeout, descendants, usable_cores
 from musacoder.verifier import buffers, legality, quiet
 from musacoder.verifier.buffers import DTYPE_NAMES
 from musacoder.verifier.build import Builder
@@ -82,7 +83,7 @@ class Subject:
     def __init__(self, backend, cache_dir: Path, role: str, device: bool, threads: int | None,
                  zygote: Zygote | None = None):
         ipc = buffers.device_ipc(backend.device_type)
-        self.private = buffers.new_dir(role, shared_memory=not ipc)
+        self.private = scratch.new_dir(role, shared_memory=not ipc)
         # the private directory goes in the environment, not argv: argv is readable to every process (cmdline)
         env = {"MUSACODER_PRIVATE": str(self.private), "TMPDIR": str(self.private),
                "TRITON_CACHE_DIR": str(self.private / "triton"),
@@ -177,7 +178,7 @@ class Subject:
 
     def close(self):
         self.proc.kill()
-        buffers.remove_dir(self.private)
+        scratch.remove_dir(self.private)
 
 
 class Judge:
@@ -190,7 +191,7 @@ class Judge:
         self.device = backend.device() if use_device else torch.device("cpu")
         self.threads = usable_cores() if backend.device_type == "cpu" else None
         # the judge's own buffers (reference outputs): no subject writes here
-        self.dir = buffers.new_dir("judge", shared_memory=not buffers.device_ipc(backend.device_type))
+        self.dir = scratch.new_dir("judge", shared_memory=not buffers.device_ipc(backend.device_type))
         self.ref: Subject | None = None
         # Warm candidate subjects, forked from a pre-imported zygote (~20 ms instead of ~1.5 s of CPU on cpu, ~10 s
         # on a GPU host: Python, torch, the device runtime); `verify.fork_subjects=false` starts each from scratch.
@@ -255,7 +256,7 @@ class Judge:
                 s.close()
         if self.zygote is not None:
             self.zygote.close()
-        buffers.remove_dir(self.dir)
+        scratch.remove_dir(self.dir)
 
     # ---- compile tier ----------------------------------------------------------------------------------------------
     def prebuild(self, job: PrebuildJob) -> PrebuildResult:
@@ -405,7 +406,7 @@ class _Run:
 
     def count_processes(self):
         if self.cand is not None and self.cand.proc.alive:
-            self.f.processes_spawned = len(_descendants(self.cand.proc.proc.pid))
+            self.f.processes_spawned = len(descendants(self.cand.proc.proc.pid))
 
     # ---- correctness ---------------------------------------------------------------------------------------------
     def plan(self) -> list[tuple[int, str, Shape, int, str]]:
@@ -440,7 +441,7 @@ class _Run:
         self.f.trials.sort(key=lambda t: rank[id(t)])
         return ok
 
-    def run_trials(self, task_key: str, rank: dict[int, int]) -> bool:
+    def run_trials(self, task_key: str, rank: dict[int, int]) -> bool:  # noqa: C901
         f, cfg = self.f, self.cfg
         tol, rel = cfg.tolerance(), cfg.rel_tolerance()
         self.weight_seed = self.rng.randrange(1, 2**31)

@@ -16,18 +16,25 @@ def _first_line(text: str, n: int = 400) -> str:
     return (lines[-1] if lines else text)[:n]
 
 
-def decide(v: Verdict, cfg: VerifyConfig, static: StaticResult, prebuild: dict | None,
-           facts: Facts | None) -> Verdict:
-    """Fill `v` (which carries task, backend, hashes and any worker-level failure) from the stages' facts."""
-    if v.status is None:
+def decide(cfg: VerifyConfig, static: StaticResult, prebuild: dict | None, facts: Facts | None,
+           failure: tuple[Status, str] | None = None, **known) -> Verdict:
+    """The verdict from the stages' findings: a worker-level `failure` (a dead or timed-out worker) when there is
+    one, else the static check's, the build's and the judge's `facts`, in that order. `known`: the Verdict's fields
+    the caller already has (task, backend, hashes, device, stage seconds, details)."""
+    v = Verdict(status=Status.INFRA_ERROR, reason="", **known)  # both set below, before it is returned
+    if failure:
+        v.status, v.reason = failure
+    else:
         _decide_status(v, cfg, static, prebuild, facts or Facts())
+    if prebuild and prebuild.get("build_error") and not v.compile_log:
+        v.compile_log = prebuild["build_error"][-20000:]
     speed = reward_speedup(v.speedup_eager, *v.details.get("speedup_interval", (None, None)))
     v.reward = reward(v.status, v.correctness, speed, cfg.reward.lam, cfg.reward.nu_max)
     v.feedback = feedback_text(v)
     return v
 
 
-def _decide_status(v: Verdict, cfg, static, prebuild, f: Facts) -> None:
+def _decide_status(v: Verdict, cfg, static, prebuild, f: Facts) -> None:  # noqa: C901
     def done(status: Status, reason: str):
         v.status, v.reason = status, reason
 

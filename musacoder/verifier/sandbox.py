@@ -32,14 +32,9 @@ import errno
 import glob
 import os
 import signal
-import tempfile
 from pathlib import Path
 
-
-def shm_root() -> Path:
-    """Where the judges' buffer directories live (as files on the cpu)."""
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+from musacoder.proc.scratch import shm_root
 
 
 def restrict_writes(private_dir: str, also: list[str] = ()) -> str:

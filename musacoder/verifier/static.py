@@ -162,7 +162,7 @@ def _root(node: ast.AST) -> ast.AST:
 class _Module:
     """What the whole module binds, whatever the scope (one set per name: an over-approximation, never less)."""
 
-    def __init__(self, tree: ast.AST):
+    def __init__(self, tree: ast.AST):  # noqa: C901
         self.imported: dict[str, str] = {}  # local name -> module or object path it is bound to
         self.values: dict[str, list[ast.expr]] = defaultdict(list)  # name -> every value assigned to it
         self.kinds: dict[str, set[str]] = defaultdict(set)  # name -> "assign", "import", "other"
@@ -480,7 +480,7 @@ class _NativeSources:
         """sys.stdout / sys.stderr: messages, not files a build reads."""
         return self.m.resolve(dotted_name(node) or "") in ("sys.stdout", "sys.stderr")
 
-    def _strings(self, node: ast.AST, seen: tuple) -> list[str] | None:
+    def _strings(self, node: ast.AST, seen: tuple) -> list[str] | None:  # noqa: C901
         """The string constants `node` may be built from; None when that cannot be told."""
         def each(nodes) -> list[str] | None:
             out = []

@@ -34,7 +34,7 @@ def main(argv=None):
     cpus = os.environ.get("MUSACODER_CPUS")
     if cpus and hasattr(os, "sched_setaffinity"):  # both subjects pinned to the same cores: timings comparable
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-    from musacoder.pool.worker import adopt_orphans_and_follow_parent
+    from musacoder.proc.process import adopt_orphans_and_follow_parent
     from musacoder.verifier.sandbox import hide_process, own_namespace, restrict_writes
 
     adopt_orphans_and_follow_parent()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from musacoder.pool.process import WorkerDied, WorkerTimeout
+from musacoder.proc.process import WorkerDied, WorkerTimeout
 from musacoder.verifier import buffers
 from musacoder.verifier.correctness import compare
 from musacoder.verifier.inputs import Shape, fill_inputs, raw_inputs, tensor_bytes
@@ -74,7 +74,7 @@ class Window:
         self.sent = {"ref": False, "cand": False, "comp": False}  # the arm's process has this window's sets
 
     # ---- the window -------------------------------------------------------------------------------------------------
-    def go(self) -> bool:
+    def go(self) -> bool:  # noqa: C901
         """Time the candidate; True when it is to be timed again alone (side-by-side window, device busy after it)."""
         run, f, tc = self.run, self.f, self.cfg.timing
         backend = self.j.backend

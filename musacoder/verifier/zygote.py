@@ -8,7 +8,7 @@ workers start). The child applies its environment and its sandbox before anythin
 the child's end of a socket pair (SCM_RIGHTS), so the judge talks to the child directly. A candidate's child forks
 once more (`sandbox.own_namespace`): the subject runs as PID 1 of a PID namespace of its own, and the zygote's child
 stays behind as its waiter, ending as it ended, so the exit the zygote records is the subject's; the judge's handle
-moves to the subject once it says its pid (`pool.process.UnderWaiter`).
+moves to the subject once it says its pid (`proc.process.UnderWaiter`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from musacoder.pool.process import WorkerProcess
+from musacoder.proc.process import WorkerProcess
 
 
 def main(argv=None):
@@ -32,7 +32,7 @@ def main(argv=None):
     ap.add_argument("--fd", type=int, required=True)
     args = ap.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
-    from musacoder.pool.worker import adopt_orphans_and_follow_parent
+    from musacoder.proc.process import adopt_orphans_and_follow_parent
 
     adopt_orphans_and_follow_parent()
     # torch.cuda.is_available() (cpp_extension calls it on import) initialises the CUDA driver unless told to ask NVML,

@@ -3,7 +3,7 @@ prompted with its nearest training examples.
 
 `retrieval:TRAIN` (a JSONL of SFT records, or a directory of them) answers each task with the training answer of its
 nearest training task, renamed to the task's names: no model at all, so whatever it solves, training data alone
-solves. Nearest: a training task that is the same computation (the canonical op graph of synth/opgraph.py, the
+solves. Nearest: a training task that is the same computation (the canonical op graph of data/opgraph.py, the
 `opgraph` detector's key) comes first, then the highest shingle Jaccard of the normalised task code (the `minhash`
 detector's measure); sample s takes the (s+1)-th nearest, so Pass@k is "one of the k nearest answers passes". It
 does not read feedback: a later turn repeats the first answer.
@@ -42,9 +42,9 @@ class TrainingIndex:
 
     def __init__(self, path: str | Path):
         from musacoder.candidates import ExtractionError, extract_code
-        from musacoder.synth.decontam import task_code, task_shingles
-        from musacoder.synth.heldout import Keys
-        from musacoder.train.data import DataError, load_records
+        from musacoder.data.decontam import task_code, task_shingles
+        from musacoder.data.keys import Keys
+        from musacoder.data.records import DataError, load_records
 
         self.path = Path(path)
         try:
@@ -70,8 +70,8 @@ class TrainingIndex:
 
     def nearest(self, code: str) -> list[tuple[Example, str]]:
         """Every example, nearest first, with why: ('same computation' or 'Jaccard 0.83')."""
-        from musacoder.synth.decontam import task_shingles
-        from musacoder.train.diversity import jaccard
+        from musacoder.data.decontam import task_shingles
+        from musacoder.data.diversity import jaccard
 
         graph = self.keys.facts(code).graph
         sh = task_shingles(code)

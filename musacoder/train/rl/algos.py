@@ -72,6 +72,14 @@ def primeecho_reward(scores: Sequence[float], passed: Sequence[bool], alpha: flo
     return alpha * scores[0] + (1 - alpha) * max(scores) + bonus
 
 
+def episode_reward(scores: Sequence[float], passed: Sequence[bool], primeecho) -> float:
+    """An episode's reward under `primeecho` (PrimeEchoSettings: enabled, alpha, early_bonus): PrimeEcho's, or the
+    best turn's when it is off (the ablation). The TRL rollout, the verl agent loop and reward manager use it."""
+    if primeecho.enabled:
+        return primeecho_reward(scores, passed, primeecho.alpha, primeecho.early_bonus)
+    return best_turn_reward(scores)
+
+
 def best_turn_reward(scores: Sequence[float]) -> float:
     """The best-of-turns reward PrimeEcho replaces (its ablation): max_k s_k."""
     return max(scores)
@@ -86,14 +94,17 @@ def log_ratio_means(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: 
     return lr.abs().sum(-1) / n, lr.sum(-1) / n
 
 
-def mirrorpop_keep(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
-                   delta: float) -> torch.Tensor:
-    """MirrorPop: keep a sequence only if mean_t |log rho_t| <= delta (bool, (B,))."""
-    return log_ratio_means(train_logp, rollout_logp, mask)[0] <= delta
-
-
-def signed_keep(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
-                delta: float) -> torch.Tensor:
-    """The filter MirrorPop replaces: keep if |mean_t log rho_t| <= delta. Over- and under-weighted tokens cancel
-    in the signed mean, so a badly off-policy sequence can pass it."""
-    return log_ratio_means(train_logp, rollout_logp, mask)[1].abs() <= delta
+def mirrorpop_filter(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, mode: str,
+                     delta: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """The sequences a policy-loss step keeps (bool, (B,)) and both filters' statistics, so runs in any mode compare.
+    mode `mirror` (MirrorPop): keep if mean_t |log rho_t| <= delta; `signed` (the filter MirrorPop replaces): keep
+    if |mean_t log rho_t| <= delta, where over- and under-weighted tokens cancel, so a badly off-policy sequence can
+    pass; `off`: keep all. The TRL trainer and the verl policy loss both apply this."""
+    mirror, signed = log_ratio_means(train_logp, rollout_logp, mask)
+    keep = {"mirror": mirror <= delta, "signed": signed.abs() <= delta,
+            "off": torch.ones_like(mirror, dtype=torch.bool)}
+    return keep[mode], {"mirrorpop/mean_abs_log_ratio": mirror.mean().item(),
+                        "mirrorpop/mean_signed_log_ratio": signed.mean().item(),
+                        "mirrorpop/mirror_drop_frac": 1 - keep["mirror"].float().mean().item(),
+                        "mirrorpop/signed_drop_frac": 1 - keep["signed"].float().mean().item(),
+                        "mirrorpop/drop_frac": 1 - keep[mode].float().mean().item()}

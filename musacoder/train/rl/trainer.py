@@ -16,22 +16,24 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
 import yaml
 
+from musacoder.api import Verifier
 from musacoder.backends import resolve
+from musacoder.config import VerifyConfig
 from musacoder.conversation import task_messages
 from musacoder.episode import Episode, run_episodes
 from musacoder.settings import check_passthrough
 from musacoder.tasks import Task
 from musacoder.tasks.select import select_tasks
-from musacoder.train.rl.algos import best_turn_reward, log_ratio_means, primeecho_reward
+from musacoder.train.rl.algos import episode_reward, mirrorpop_filter
 from musacoder.train.rl.bdr import RetryBuffer, RetryItem
 from musacoder.train.rl.config import MirrorPopSettings, RLConfig
 from musacoder.train.rl.engines import HFEngine, Sampling, VLLMEngine
-from musacoder.train.rl.verifiers import Verifier, make_verifier
 from musacoder.train.sft import one_gpu
 
 METRICS = "metrics.jsonl"
@@ -42,12 +44,6 @@ FINAL = "final"
 
 def _prompt_key(messages: list[dict]) -> str:
     return json.dumps(messages, sort_keys=True)
-
-
-def trajectory_reward(t: Episode, cfg: RLConfig) -> float:
-    if cfg.primeecho.enabled:
-        return primeecho_reward(t.scores, t.passed, cfg.primeecho.alpha, cfg.primeecho.early_bonus)
-    return best_turn_reward(t.scores)
 
 
 class Rollouts:
@@ -95,10 +91,10 @@ class Rollouts:
         self.engine = self.engine or self._engine(trainer)
         trajs, retries = self.episodes(prompts)
         limit = self.cfg.max_prompt_tokens
-        st = run_episodes(trajs, self.engine.generate, self.verifier.verify,
+        st = run_episodes(trajs, self.engine.generate, self.verifier.verdicts,
                           (lambda m: len(self.engine.encode(m)) <= limit) if limit else None,
                           early=self.cfg.verify_early)
-        rewards = [trajectory_reward(t, self.cfg) for t in trajs]
+        rewards = [episode_reward(t.scores, t.passed, self.cfg.primeecho) for t in trajs]
         g = self.cfg.group_size
         groups = [trajs[i:i + g] for i in range(0, len(trajs), g)]
         dead = [grp for grp in groups if not any(any(t.passed) for t in grp)]
@@ -168,17 +164,12 @@ def _trainer_class():
 
         def get_off_policy_mask(self, advantages, per_token_logps, sampling_per_token_logps, mask,
                                 off_policy_threshold):
-            mirror, signed = log_ratio_means(per_token_logps.detach(), sampling_per_token_logps, mask)
-            delta = self.mirrorpop.delta
-            keep = {"mirror": mirror <= delta, "signed": signed.abs() <= delta,
-                    "off": torch.ones_like(mirror, dtype=torch.bool)}
+            keep, stats = mirrorpop_filter(per_token_logps.detach(), sampling_per_token_logps, mask,
+                                           self.mirrorpop.mode, self.mirrorpop.delta)
             m = self._metrics["train" if self.model.training else "eval"]
-            m["mirrorpop/mean_abs_log_ratio"].append(mirror.mean().item())
-            m["mirrorpop/mean_signed_log_ratio"].append(signed.mean().item())
-            m["mirrorpop/mirror_drop_frac"].append(1 - keep["mirror"].float().mean().item())
-            m["mirrorpop/signed_drop_frac"].append(1 - keep["signed"].float().mean().item())
-            m["mirrorpop/drop_frac"].append(1 - keep[self.mirrorpop.mode].float().mean().item())
-            return keep[self.mirrorpop.mode].unsqueeze(1).to(mask.dtype)
+            for k, v in stats.items():
+                m[k].append(v)
+            return keep.unsqueeze(1).to(mask.dtype)
 
     return MirrorPopTrainer
 
@@ -233,7 +224,7 @@ def warm_start_records(tasks: list[Task], backend: str, one_shot: bool, files: l
 
 def warm_start(cfg: RLConfig, tasks: list[Task], backend: str) -> str:
     """Run the SFT warm start (skipped when its final model exists); returns the model directory."""
-    from musacoder.train.data import write_records
+    from musacoder.data.records import write_records
     from musacoder.train.sft import FINAL as SFT_FINAL
     from musacoder.train.sft import SFTConfig, train_sft
 
@@ -267,7 +258,9 @@ def build_trainer(cfg: RLConfig):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=cfg.dtype)
-    verifier = make_verifier(cfg.verifier_url, {**cfg.verify, "backend": backend})
+    # the service's own settings apply there; its token comes from the environment, never from the config
+    verifier = Verifier(VerifyConfig.from_dict({**cfg.verify, "backend": backend}), cfg.verifier_url,
+                        os.environ.get("MUSACODER_TOKEN"))
     buffer = RetryBuffer(cfg.bdr, seed=cfg.seed)
     rollouts = Rollouts(cfg, tasks, backend, verifier, buffer)
     # every step sees prompts_per_step prompts: repeat the (usually few) tasks to fill at least one step

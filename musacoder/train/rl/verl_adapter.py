@@ -45,7 +45,7 @@ from musacoder.conversation import task_messages
 from musacoder.episode import Episode, Round
 from musacoder.settings import Settings
 from musacoder.tasks.model import Task
-from musacoder.train.rl.algos import best_turn_reward, log_ratio_means, primeecho_reward
+from musacoder.train.rl.algos import episode_reward, mirrorpop_filter
 from musacoder.train.rl.bdr import BDRSettings, RetryBuffer, RetryItem
 from musacoder.train.rl.config import MirrorPopSettings, PrimeEchoSettings
 from musacoder.verifier.verdict import Verdict
@@ -105,10 +105,11 @@ class AsyncVerifier:
                 self._loop = asyncio.get_running_loop()
             return await self._client.verify(task, text)
         if self._local is None:
-            from musacoder.train.rl.verifiers import make_verifier
+            from musacoder.api import Verifier
+            from musacoder.config import VerifyConfig
 
-            self._local = make_verifier(None, self.s.verify)
-        return (await asyncio.get_running_loop().run_in_executor(None, self._local.verify, [(task, text)]))[0]
+            self._local = Verifier(VerifyConfig.from_dict(self.s.verify))
+        return (await asyncio.get_running_loop().run_in_executor(None, self._local.verdicts, [(task, text)]))[0]
 
     def close(self):
         """Close the client on the loop it was opened on (its connections belong to that loop)."""
@@ -230,8 +231,7 @@ class KernelAgentLoop(SharedVerifier, AgentLoopBase):
             text = self.tokenizer.decode(out.token_ids[:self.rollout_config.response_length], skip_special_tokens=True)
             ep.record(text, await self.verifier.verify(ep.task, text))
         scores, passed = ep.scores, ep.passed
-        p = self.s.primeecho
-        reward = primeecho_reward(scores, passed, p.alpha, p.early_bonus) if p.enabled else best_turn_reward(scores)
+        reward = episode_reward(scores, passed, self.s.primeecho)
         if self.s.bdr.enabled and "uid" in kwargs:
             best = ep.best()
             item = None if ep.repair else asdict(RetryItem(ep.task.key, ep.first, best.text, best.feedback, best.score))
@@ -270,8 +270,7 @@ class MooreEvalRewardManager(SharedVerifier, RewardManagerBase):
         valid = int(item.batch["attention_mask"][-response.shape[-1]:].sum())
         text = self.tokenizer.decode(response[:valid], skip_special_tokens=True)
         v = await self.verifier.verify(_task(item.non_tensor_batch["extra_info"]), text)
-        p = self.s.primeecho
-        score = primeecho_reward([v.reward], [v.passed], p.alpha, p.early_bonus) if p.enabled else v.reward
+        score = episode_reward([v.reward], [v.passed], self.s.primeecho)
         return {"reward_score": score, "reward_extra_info": {"verifier_reward": v.reward, "passed": v.passed,
                                                              "status": v.status.value}}
 
@@ -329,12 +328,8 @@ def mirrorpop_policy_loss(old_log_prob, log_prob, advantages, response_mask, los
     metrics = {}
     if rollout_is_weights is not None and s.mode != "off":
         log_rho = torch.log(rollout_is_weights.clamp(min=1e-20))
-        mirror, signed = log_ratio_means(log_rho, torch.zeros_like(log_rho), response_mask.float())
-        keep = mirror <= s.delta if s.mode == "mirror" else signed.abs() <= s.delta
+        keep, metrics = mirrorpop_filter(log_rho, torch.zeros_like(log_rho), response_mask.float(), s.mode, s.delta)
         mask = response_mask * keep.unsqueeze(1).to(response_mask.dtype)
-        metrics = {"mirrorpop/drop_frac": 1 - keep.float().mean().item(),
-                   "mirrorpop/mean_abs_log_ratio": mirror.mean().item(),
-                   "mirrorpop/signed_drop_frac": 1 - (signed.abs() <= s.delta).float().mean().item()}
     loss, pg_metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, loss_agg_mode, config,
                                                    rollout_is_weights=None)  # MirrorPop replaces the IS weights
     return loss, {**pg_metrics, **metrics}

@@ -1,4 +1,6 @@
-"""The Python API: `verify(task, candidate, config)` and `verify_many(pairs, config)`.
+"""The Python API, the one door to verification: `verify(task, candidate, config)`, `verify_many(pairs, config)`, and
+`Verifier`, the verdicts of a batch in order from a pool in this process or from the reward service (`musacoder
+serve`), which the rewards, RL and the KernelBench shim use.
 
 Inputs are normalised here, before anything reaches a pool: a task may be a `Task`, a dict (`{"code", "key"}`, a
 KernelBench dataset row with `code`/`name`/`level`/`problem_id`, or `reference_code`), a `.py` path or reference
@@ -9,12 +11,14 @@ item's `format_error` verdict in `verify_many`: a bad item never stalls the othe
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import copy
 import queue
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from musacoder.config import VerifyConfig
@@ -125,8 +129,8 @@ def unusable(reason: str, config: VerifyConfig | None = None, task: str = "", st
     from musacoder.verifier.pipeline import decide
     from musacoder.verifier.static import StaticResult
 
-    return decide(Verdict(status=status, reason=reason[:500], task=task, backend=backend),
-                  config or VerifyConfig(), StaticResult(), None, None)  # status set: only reward, feedback
+    return decide(config or VerifyConfig(), StaticResult(), None, None, (status, reason[:500]), task=task,
+                  backend=backend)
 
 
 def verify(task, candidate, config: VerifyConfig | None = None) -> Verdict:
@@ -175,3 +179,49 @@ def _stream(pool, items: list, config: VerifyConfig) -> Iterator[tuple[int, Verd
     threading.Thread(target=feed, daemon=True, name="musacoder-feeder").start()
     for _ in items:
         yield done.get()
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """One verdict per (task, candidate) pair, in the order of the pairs: from a pool in this process with `config`,
+    or from the reward service at `url` (its own settings apply there; `token`: its bearer token). An unusable pair
+    gets its format_error verdict here and is never sent."""
+
+    config: VerifyConfig = field(default_factory=VerifyConfig)
+    url: str | None = None
+    token: str | None = None
+    concurrency: int = 64  # requests in flight to the service
+
+    def verdicts(self, pairs: Sequence[tuple]) -> list[Verdict]:
+        if not self.url:
+            out: list[Verdict | None] = [None] * len(pairs)
+            for i, v in verify_many(pairs, self.config):
+                out[i] = v
+            return out
+        from musacoder.service.client import verify_batch
+
+        good, bad = self._usable(pairs)
+        got = verify_batch([(t, c) for _, t, c in good], self.url, self.token, concurrency=self.concurrency) \
+            if good else []
+        return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
+
+    async def verdicts_async(self, pairs: Sequence[tuple]) -> list[Verdict]:
+        """`verdicts` from async code: the service's async client, or the local pool in a thread."""
+        if not self.url:
+            return await asyncio.to_thread(self.verdicts, pairs)
+        from musacoder.service.client import AsyncVerifierClient
+
+        good, bad = self._usable(pairs)
+        async with AsyncVerifierClient(self.url, self.token, concurrency=self.concurrency) as client:
+            got = await client.verify_many([(t, c) for _, t, c in good]) if good else []
+        return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
+
+    def _usable(self, pairs) -> tuple[list, dict[int, Verdict]]:
+        """(index, Task, text) of the usable pairs; the format_error verdicts of the rest."""
+        good, bad = [], {}
+        for i, (t, c) in enumerate(pairs):
+            try:
+                good.append((i, as_task(t), as_candidate_text(c)))
+            except (TypeError, ValueError, OSError) as e:
+                bad[i] = unusable(f"unusable input: {e}", self.config)
+        return good, bad

@@ -1,9 +1,9 @@
-"""The canonical op graph (synth/opgraph.py), the `opgraph` detector's key: the same computation at any rank, size or
+"""The canonical op graph (data/opgraph.py), the `opgraph` detector's key: the same computation at any rank, size or
 spelling collides; computations that really differ stay apart. Traced on the meta device: cheap."""
 
 import pytest
 
-from musacoder.synth.decontam import trace_task
+from musacoder.data.decontam import trace_task
 
 TEMPLATE = '''import torch
 import torch.nn as nn

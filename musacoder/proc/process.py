@@ -1,4 +1,5 @@
-"""A persistent worker process: started in its own process group, killed as a group on timeout."""
+"""Processes, the ground floor under the pool and the verifier: a persistent worker process (started in its own
+process group, killed as a group on timeout), the descendants of a process, and reaping what a killed child left."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """All live descendants of a process (Linux /proc; empty elsewhere)."""
     out, todo = [], [pid]
     while todo:
@@ -79,13 +80,13 @@ class WorkerDied(RuntimeError):
 
 
 class WorkerProcess:
-    def __init__(self, role: str, backend: str, cache_dir: Path, env: dict | None = None, max_jobs: int = 64,
-                 start_timeout: float = 300.0, argv: list[str] | None = None, log_path: Path | None = None,
+    def __init__(self, role: str, backend: str, cache_dir: Path, argv: list[str], env: dict | None = None,
+                 max_jobs: int = 64, start_timeout: float = 300.0, log_path: Path | None = None,
                  launcher: list[str] | None = None):
-        """`argv`: the module and arguments to run instead of a pool worker (a judge's subject processes);
-        `launcher`: a command that runs the Python process as its child (a profiler)."""
+        """`argv`: the module to run (`python -m`) and its arguments, to which `--fd N` is added (a pool's worker, a
+        judge's subject); `launcher`: a command that runs the Python process as its child (a profiler)."""
         self.role, self.backend, self.cache_dir = role, backend, Path(cache_dir)
-        self.argv = argv or ["musacoder.pool.worker", "--role", role, "--backend", backend, "--cache", str(cache_dir)]
+        self.argv = argv
         self.env = env or {}
         self.launcher = launcher or []
         self.max_jobs = max_jobs
@@ -201,12 +202,12 @@ class WorkerProcess:
             # already seen dead has been reaped and its pid may be another process's now: only its group is left
             # to kill (a group id is not handed out as a new pid while the group exists).
             seen_dead = self.proc.returncode is not None
-            for pid in [] if seen_dead else [self.proc.pid, *_descendants(self.proc.pid)]:
+            for pid in [] if seen_dead else [self.proc.pid, *descendants(self.proc.pid)]:
                 try:
                     os.kill(pid, signal.SIGSTOP)  # freeze first, so nothing forks while we walk the tree
                 except ProcessLookupError:
                     pass
-            for pid in [] if seen_dead else [*_descendants(self.proc.pid), self.proc.pid]:
+            for pid in [] if seen_dead else [*descendants(self.proc.pid), self.proc.pid]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -219,9 +220,23 @@ class WorkerProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-            from musacoder.verifier.buffers import sweep
+            from musacoder.proc.scratch import sweep
 
             sweep(self.proc.pid)
         if self.conn is not None:
             self.conn.close()
         self.proc, self.conn = None, None
+
+
+def adopt_orphans_and_follow_parent():
+    """Linux: become the reaper of our descendants (a double-forked or setsid'd child of a candidate is still in
+    our tree when it is killed) and die with our parent (a pool or judge killed hard leaves nothing running)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

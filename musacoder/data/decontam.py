@@ -8,14 +8,14 @@ detectors, each match recorded with its reason.
   it). Required names (`Model`, `forward`, `get_inputs`, ...), attributes of other objects (`torch.relu`) and
   keyword names (`dim=1`) stay as written.
 - `opgraph` (the same computation at any rank, size or spelling): the canonical op graph of one forward
-  (synth/opgraph.py): the aten ops with their data flow, composite ops decomposed to their formulas, views, casts,
+  (data/opgraph.py): the aten ops with their data flow, composite ops decomposed to their formulas, views, casts,
   ranks, sizes, integer and float arguments, argument order and names left out, boolean arguments kept (a transposed
   convolution is not a standard one). Traced on the meta device (no memory, no compute; the cpu at the task's own
   sizes when an op needs real data), capped at `max_trace_ops` top-level ops (an unrolled RNN runs tens of thousands;
   the prefix then stands for it). By this rule ReLU on a rank-3 input is ReLU, KernelBench's SELU and ELU are one
   problem, and so are its square and tall-skinny matmuls, its 1-d and 2-d poolings, and a dtype variant of a task.
   Recomputed, not read from `metadata.aten_ops`, which holds first occurrences without arguments.
-- `minhash` (near copy of the text): 5-token shingles of the code normalised by `train.diversity.normalise`
+- `minhash` (near copy of the text): 5-token shingles of the code normalised by `data.diversity.normalise`
   (comments and docstrings dropped, numbers and the author's names folded) keeping the names of torch's operators,
   candidates from `datasketch.MinHashLSH` at `threshold`, each confirmed by the exact Jaccard similarity of the two
   shingle sets. Candidates the exact Jaccard rejects are reported as near misses, to review.
@@ -37,11 +37,11 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from functools import cache
 
+from musacoder.data.diversity import jaccard, shingles
+from musacoder.data.opgraph import graph_key
 from musacoder.pyast import parse
 from musacoder.settings import Settings
-from musacoder.synth.opgraph import graph_key
 from musacoder.tasks.model import Task, TaskLoadError
-from musacoder.train.diversity import jaccard, shingles
 
 DETECTORS = ("ast", "opgraph", "minhash")  # strongest first: a dropped record's reason is its first match
 WHY = {"ast": "identical program up to names, comments, docstrings, annotations and formatting",
@@ -164,7 +164,7 @@ class TraceError(Exception):
 @dataclass
 class Trace:
     ops: tuple[str, ...]  # top-level aten ops in execution order, boolean arguments in brackets; casts and views out
-    graph: str  # the canonical op graph (synth/opgraph.py): no ranks, sizes, names or argument order
+    graph: str  # the canonical op graph (data/opgraph.py): no ranks, sizes, names or argument order
     truncated: bool  # forward ran more than max_trace_ops ops; ops and graph are its prefix
     input_ranks: tuple  # per get_inputs() entry: a tensor's rank, else its type's name
     input_shapes: list  # per entry: a tensor's shape, else None
@@ -189,8 +189,7 @@ class Trace:
 def _trace_on(code: str, device: str, max_ops: int) -> Trace:
     import torch
 
-    from musacoder.synth.clean import _IGNORED
-    from musacoder.synth.opgraph import LimitReached, recorder_cls
+    from musacoder.data.opgraph import IGNORED_OPS, LimitReached, recorder_cls
 
     module = types.ModuleType("musacoder_trace_" + hashlib.sha256(code.encode()).hexdigest()[:12])
     with warnings.catch_warnings(), torch.device(device):
@@ -200,7 +199,7 @@ def _trace_on(code: str, device: str, max_ops: int) -> Trace:
         init = list(module.get_init_inputs())
         model = module.Model(*init)
         inputs = list(module.get_inputs())
-        mode = recorder_cls()(max_ops, frozenset(_IGNORED))
+        mode = recorder_cls()(max_ops, frozenset(IGNORED_OPS))
         for t in [*model.parameters(), *model.buffers()]:
             mode.leaf(t, weight=True)
         out = None

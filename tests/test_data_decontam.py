@@ -8,7 +8,7 @@ import pytest
 
 from musacoder import cli
 from musacoder.conversation import task_messages
-from musacoder.synth.decontam import DecontamSettings, canonical_hash, decontaminate, run, task_code, trace_task
+from musacoder.data.decontam import DecontamSettings, canonical_hash, decontaminate, run, task_code, trace_task
 from musacoder.synth.graphs import GraphSpec, generate, render, task_name
 from musacoder.tasks import Task, builtin_task, builtin_tasks
 

@@ -191,7 +191,7 @@ class LimitReached(Exception):
 
 
 @cache
-def recorder_cls():
+def recorder_cls():  # noqa: C901
     """The dispatch mode, built on first use (torch is imported then, not with this module)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -325,3 +325,30 @@ def recorder_cls():
             return ("n", len(self.graph.nodes) - 1)
 
     return Recorder
+
+
+# operator family of an aten op: the first key its name contains (else "elementwise"); synth writes them as metadata
+_FAMILY_OF = (("conv", "convolution"), ("pool", "pooling"), ("norm", "normalization"), ("softmax", "softmax"),
+              ("mm", "matmul"), ("matmul", "matmul"), ("linear", "matmul"), ("addmm", "matmul"),
+              ("loss", "loss"), ("cum", "scan"), ("index", "indexing"), ("gather", "indexing"),
+              ("scatter", "indexing"), ("sum", "reduction"), ("mean", "reduction"), ("amax", "reduction"),
+              ("max", "reduction"), ("min", "reduction"), ("relu", "activation"), ("gelu", "activation"),
+              ("sigmoid", "activation"), ("tanh", "activation"), ("silu", "activation"), ("elu", "activation"),
+              ("softplus", "activation"), ("mish", "activation"), ("hardtanh", "activation"),
+              ("view", "reshape"), ("reshape", "reshape"), ("transpose", "reshape"), ("permute", "reshape"),
+              ("flatten", "reshape"))
+IGNORED_OPS = {  # allocation, copies and views: no computation of their own
+   "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::to", "aten::_to_copy", "aten::copy_",
+    "aten::detach", "aten::resolve_conj", "aten::resolve_neg", "aten::as_strided", "aten::expand",
+    "aten::contiguous", "aten::clone", "aten::fill_", "aten::zero_", "aten::zeros", "aten::t",
+    "aten::unsqueeze", "aten::squeeze", "aten::select", "aten::slice", "aten::lift_fresh"}
+
+
+def families_of(aten_ops: list[str]) -> list[str]:
+    out = []
+    for op in aten_ops:
+        name = op.removeprefix("aten::")
+        fam = next((f for key, f in _FAMILY_OF if key in name), "elementwise")
+        if fam not in out:
+            out.append(fam)
+    return out

@@ -1,0 +1,1 @@
+"""Process plumbing (launching, killing, reaping workers and subjects): imports nothing else of musacoder."""
