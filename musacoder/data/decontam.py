@@ -99,7 +99,9 @@ def _bound_names(tree: ast.AST) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(names)), list(dict.fromkeys(attrs))
 
 
-class _Canonical(ast.NodeTransformer):
+class Renamer(ast.NodeTransformer):
+    """Renames names, arguments and `self.` attributes (the retrieval baseline adapts a training answer with it)."""
+
     def __init__(self, names: dict[str, str], attrs: dict[str, str]):
         self.names, self.attrs = names, attrs
 
@@ -108,8 +110,22 @@ class _Canonical(ast.NodeTransformer):
         return node
 
     def visit_arg(self, node):
-        node.arg, node.annotation = self.names.get(node.arg, node.arg), None
+        node.arg = self.names.get(node.arg, node.arg)
         return node
+
+    def visit_Attribute(self, node):
+        self.generic_visit(node)
+        if isinstance(node.value, ast.Name) and node.value.id == "self":
+            node.attr = self.attrs.get(node.attr, node.attr)
+        return node
+
+
+class _Canonical(Renamer):
+    """Also imports, definitions, and no annotations: one spelling of a program."""
+
+    def visit_arg(self, node):
+        node.annotation = None
+        return super().visit_arg(node)
 
     def visit_alias(self, node):  # `import torch as th` and `import torch` alike: bound under its canonical name
         bound = node.asname or node.name.split(".")[0]
@@ -123,12 +139,6 @@ class _Canonical(ast.NodeTransformer):
         return self.generic_visit(node)
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _named
-
-    def visit_Attribute(self, node):
-        self.generic_visit(node)
-        if isinstance(node.value, ast.Name) and node.value.id == "self":
-            node.attr = self.attrs.get(node.attr, node.attr)
-        return node
 
     def visit_AnnAssign(self, node):
         self.generic_visit(node)

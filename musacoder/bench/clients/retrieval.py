@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from musacoder.bench.clients.base import Client, Generation, Request
+from musacoder.data.decontam import Renamer
 
 ANSWER_KINDS = ("generation", "repair")  # records whose last turn is a program for the task of their first turn
 
@@ -115,25 +116,6 @@ def _constants(tree: ast.Module) -> dict[str, ast.expr]:
             if isinstance(t, ast.Name)}
 
 
-class _Rename(ast.NodeTransformer):
-    def __init__(self, names: dict[str, str], attrs: dict[str, str]):
-        self.names, self.attrs = names, attrs
-
-    def visit_Name(self, node):
-        node.id = self.names.get(node.id, node.id)
-        return node
-
-    def visit_arg(self, node):
-        node.arg = self.names.get(node.arg, node.arg)
-        return node
-
-    def visit_Attribute(self, node):
-        self.generic_visit(node)
-        if isinstance(node.value, ast.Name) and node.value.id == "self":
-            node.attr = self.attrs.get(node.attr, node.attr)
-        return node
-
-
 def adapt(answer: str, train_task: str, task: str) -> str:
     """The training answer with the task's __init__, argument and attribute names and constants (module docstring).
     The answer unchanged where a piece does not parse or has no ModelNew."""
@@ -155,7 +137,7 @@ def adapt(answer: str, train_task: str, task: str) -> str:
         if isinstance(s, ast.FunctionDef) and s.name == "__init__" and e_init is not None:
             body.append(e_init)
         elif isinstance(s, ast.FunctionDef) and s.name == "forward":
-            body.append(_Rename(names, attrs).visit(s))
+            body.append(Renamer(names, attrs).visit(s))
         else:
             body.append(s)
     new.body = body
