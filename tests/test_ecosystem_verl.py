@@ -16,12 +16,8 @@ from verl.workers.rollout.replica import TokenOutput
 
 from musacoder.tasks import builtin_task
 from musacoder.train.rl import verl_adapter
-from musacoder.train.rl.verl_adapter import (
-    AsyncVerifier,
-    KernelAgentLoop,
-    VerlSettings,
-    task_rows,
-)
+from musacoder.train.rl.verl_adapter import KernelAgentLoop, VerlSettings, task_rows
+from musacoder.train.rl.verl_adapter.common import AsyncVerifier
 
 CONFIGS = Path(__file__).parents[1] / "configs" / "verl"
 RELU = builtin_task("level1/19_ReLU")

@@ -136,15 +136,14 @@ def local_ray():
 def test_bdr_dataset_turns_an_item_into_the_buffered_repair_task(local_ray, tok, tmp_path):
     import pandas as pd
 
-    from musacoder.train.rl import verl_adapter
-    from musacoder.train.rl.verl_adapter import BDRDataset, VerlSettings, buffer_actor
+    from musacoder.train.rl.verl_adapter import BDRDataset, VerlSettings, buffer, buffer_actor
 
     path = tmp_path / "train.parquet"
     pd.DataFrame(task_rows([RELU, builtin_task("level1/23_Softmax")], "cpu", one_shot=False)).to_parquet(path)
     musacoder = {"bdr": {"prob": 1.0}}
     ds = BDRDataset(data_files=[str(path)], tokenizer=tok,
                     config=OmegaConf.create({"filter_overlong_prompts": False, "musacoder": musacoder}))
-    verl_adapter._actor.clear()
+    buffer._actor.clear()
     actor = buffer_actor(VerlSettings.from_dict(musacoder))
     relu_prompt = ds[0]["raw_prompt"]
     item = {"task": RELU.key, "messages": relu_prompt, "code": "bad", "feedback": "Status: incorrect", "score": -0.5}

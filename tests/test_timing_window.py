@@ -6,7 +6,7 @@ import random
 import pytest
 
 from musacoder.config import VerifyConfig
-from musacoder.verifier.timing import MAX_CALLS, mean_ratio_interval, moved_out, plan_calls
+from musacoder.verifier.timing import MAX_CALLS, faster_than_probed, mean_ratio_interval, moved_out, plan_calls
 
 MIB = 2**20
 
@@ -26,6 +26,14 @@ def test_a_block_stays_within_its_memory_and_half_the_free_memory():
     assert plan_calls(0.001, MIB, MIB, 0, block_ms=10, mem_bytes=2**40, free_bytes=60 * MIB) == 5
     assert plan_calls(1e-6, 1, 1, 0, block_ms=10, mem_bytes=2**40) == MAX_CALLS
     assert plan_calls(0.001, 4 * 2**30, 2**30, 0, block_ms=10, mem_bytes=MIB) == 1  # never none
+
+
+def test_a_candidate_whose_slow_probe_capped_the_blocks_must_be_timed_as_slow():
+    # exploit 70: 300 ms a probed call (the same input again), 0.05 ms a timed one (a new input set a call)
+    assert "6000x faster than its probed calls" in faster_than_probed(True, 300.0, 0.05)
+    assert faster_than_probed(True, 300.0, 290.0) is None  # exploit 46: as slow timed as probed, timed (and caught)
+    assert faster_than_probed(True, 1.0, 0.3) is None  # within 4x: a warm probe, a cold timed call
+    assert faster_than_probed(False, 300.0, 0.05) is None  # uncapped blocks: the probe decided nothing
 
 
 def test_the_slower_arms_block_stays_within_block_max_ms():

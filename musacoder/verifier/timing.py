@@ -41,6 +41,19 @@ def plan_calls(call_ms: float, set_bytes: int, out_bytes: int, cache_bytes: int,
     return max(1, min(want, cap))
 
 
+PROBE_RATIO = 4.0  # timed calls this much faster than the probed ones, when the probe capped the blocks: refused
+
+
+def faster_than_probed(capped: bool, probed_ms: float, timed_ms: float) -> str | None:
+    """Why no speed is measured, when the candidate's slow probe capped the blocks (`timing.block_max_ms`) but its
+    timed calls ran far faster: the cap shortened the reference's blocks too, so their round trips would weigh on
+    its time a call and flatter the candidate. None otherwise (an honest kernel is timed about as fast as probed)."""
+    if capped and timed_ms * PROBE_RATIO < probed_ms:
+        return (f"its timed calls ran {probed_ms / timed_ms:.0f}x faster than its probed calls ({timed_ms:.4g} "
+                f"against {probed_ms:.4g} ms), whose slowness sized the blocks: no speed is measured")
+    return None
+
+
 def moved_out(cand_ms: list[float], ref_ms: list[float]) -> bool:
     """Whether the candidate's time outside its timed stretch (preparing a block before `ready`, reading its outputs
     back after `done`) is clearly longer than the reference's, paired by round: the same protocol moving the same

@@ -15,6 +15,7 @@ after a block (cpu).
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import time
@@ -31,6 +32,7 @@ from musacoder.verifier.quiet import QuietGate
 from musacoder.verifier.stages import stage
 from musacoder.verifier.timing import (
     LEFT_RUNNING_MS,
+    faster_than_probed,
     left_running,
     moved_out,
     paired_speedup,
@@ -150,6 +152,10 @@ class Window:
             f.busy_after_return = (f"the candidate process used {idle.ns / 1e6:.1f} ms of CPU after forward returned, "
                                    "between its timed blocks (work left running in the background)")
             return False
+        problem = faster_than_probed(self.capped, self.probed_cand, statistics.median(self.ms["cand"]))
+        if problem:
+            f.timing_error = problem
+            return False
         self._report(floor, waits)
         return False
 
@@ -239,8 +245,12 @@ class Window:
             per_call = self._probe()
         set_bytes, out_bytes = tensor_bytes(b["shared"]), tensor_bytes(b["ref_out"])
         backend = self.j.backend
-        return plan_calls(min(per_call), set_bytes, out_bytes, backend.cache_bytes(), tc.block_ms,
-                          tc.block_mem_gb * 2**30, backend.free_bytes(), max(per_call), tc.block_max_ms)
+        plan = functools.partial(plan_calls, min(per_call), set_bytes, out_bytes, backend.cache_bytes(), tc.block_ms,
+                                 tc.block_mem_gb * 2**30, backend.free_bytes())
+        calls = plan(max(per_call), tc.block_max_ms)
+        # the candidate's own slow probe capped the blocks: its timed calls must not then run far faster (go)
+        self.probed_cand, self.capped = per_call[1], per_call[1] >= per_call[0] and calls < plan()
+        return calls
 
     def _probe(self) -> list[float] | None:
         """Each side's time a call, probed; None when a side could not be captured as a graph. A side whose one call

@@ -3,9 +3,10 @@
 TRL samples the prompts (each repeated `group_size` times), computes group-normalised advantages and the clipped
 loss. This module supplies the rest through TRL's hooks:
 - `rollout_func` (`Rollouts`): BDR turns some groups into repair tasks, the multi-turn rollout generates and
-  verifies, PrimeEcho scores each trajectory; only the first response's tokens go back to TRL, so the gradient
-  flows through the first turn alone. Its engine log-probs come back as pi_rollout.
-- a reward function that hands TRL the PrimeEcho rewards computed in the rollout;
+  verifies; only the first response's tokens go back to TRL, so the gradient flows through the first turn alone.
+  Its engine log-probs come back as pi_rollout; each trajectory's turn scores come back as rollout fields.
+- a reward function (`make_reward`) that scores each trajectory from those fields with PrimeEcho (or the best
+  turn's score) and logs the rollout's metrics through TRL's `log_metric`;
 - `get_off_policy_mask`, TRL's per-sequence loss mask, overridden with MirrorPop (or the signed-mean filter);
 - a callback writing `metrics.jsonl` and saving the BDR buffer into every checkpoint.
 It runs in one process (one GPU or the CPU): BDR swaps whole groups, which TRL splits across processes when there
@@ -32,7 +33,7 @@ from musacoder.tasks import Task
 from musacoder.tasks.select import select_tasks
 from musacoder.train.rl.algos import episode_reward, mirrorpop_filter
 from musacoder.train.rl.bdr import RetryBuffer, RetryItem
-from musacoder.train.rl.config import MirrorPopSettings, RLConfig
+from musacoder.train.rl.config import MirrorPopSettings, PrimeEchoSettings, RLConfig
 from musacoder.train.rl.engines import HFEngine, Sampling, VLLMEngine
 from musacoder.train.sft import one_gpu
 
@@ -47,7 +48,8 @@ def _prompt_key(messages: list[dict]) -> str:
 
 
 class Rollouts:
-    """TRL's `rollout_func`: prompts (each repeated group_size times, in a row) -> first-turn tokens and rewards."""
+    """TRL's `rollout_func`: prompts (each repeated group_size times, in a row) -> first-turn tokens, each
+    trajectory's turn scores, and the rollout's metrics."""
 
     def __init__(self, cfg: RLConfig, tasks: list[Task], backend: str, verifier: Verifier, buffer: RetryBuffer):
         self.cfg, self.verifier, self.buffer = cfg, verifier, buffer
@@ -94,7 +96,6 @@ class Rollouts:
         st = run_episodes(trajs, self.engine.generate, self.verifier.verdicts,
                           (lambda m: len(self.engine.encode(m)) <= limit) if limit else None,
                           early=self.cfg.verify_early)
-        rewards = [episode_reward(t.scores, t.passed, self.cfg.primeecho) for t in trajs]
         g = self.cfg.group_size
         groups = [trajs[i:i + g] for i in range(0, len(trajs), g)]
         dead = [grp for grp in groups if not any(any(t.passed) for t in grp)]
@@ -102,12 +103,9 @@ class Rollouts:
             if self.cfg.bdr.enabled and not grp[0].repair:  # a failed repair is not buffered again
                 self.buffer.add(_retry_item(grp))
         if self.cfg.log_rollouts:
-            self._write(trajs, rewards, trainer.state.global_step + 1, Path(trainer.args.output_dir) / ROLLOUTS)
+            self._write(trajs, trainer.state.global_step + 1, Path(trainer.args.output_dir) / ROLLOUTS)
         repair = [t for t in trajs if t.repair]
-        log = trainer._log_metric  # the hook behind TRL's `log_metric`; flushed into this step's logs
-        for name, value in {
-            "rl/reward_mean": sum(rewards) / len(rewards),
-            "rl/reward_std": torch.tensor(rewards).std().item(),
+        metrics = {
             "rl/first_turn_pass": sum(t.rounds[0].passed for t in trajs) / len(trajs),
             "rl/best_turn_pass": sum(any(t.passed) for t in trajs) / len(trajs),
             "rl/mean_turns": sum(len(t.rounds) for t in trajs) / len(trajs),
@@ -125,18 +123,20 @@ class Rollouts:
             "verifier/started_early": st.verified_early,
             "verifier/compiled": st.compiled,
             "verifier/compile_s_max": st.compile_s_max,
-        }.items():
-            log(name, float(value))
+        }
         firsts = [t.rounds[0].sample for t in trajs]  # the first response: the only one the gradient goes through
+        # extra fields reach the reward function as keyword arguments; a dict is handed to every sample
         return {"prompt_ids": [f.prompt_ids for f in firsts],
                 "completion_ids": [f.completion_ids for f in firsts],
                 "logprobs": [f.logprobs for f in firsts],
-                "rl_reward": rewards}
+                "turn_scores": [t.scores for t in trajs], "turn_passed": [t.passed for t in trajs],
+                "rollout_metrics": {k: float(v) for k, v in metrics.items()}}
 
-    def _write(self, trajs: list[Episode], rewards: list[float], step: int, path: Path) -> None:
+    def _write(self, trajs: list[Episode], step: int, path: Path) -> None:
         with open(path, "a") as f:
-            for t, r in zip(trajs, rewards):
-                rec = {"step": step, "task": t.task.key, "repair": t.repair, "reward": r,
+            for t in trajs:
+                rec = {"step": step, "task": t.task.key, "repair": t.repair,
+                       "reward": episode_reward(t.scores, t.passed, self.cfg.primeecho),
                        "turns": [{"status": u.status, "score": u.score, "tokens": u.tokens} for u in t.rounds]}
                 if self.cfg.log_texts:
                     rec["texts"] = [u.text for u in t.rounds]
@@ -149,9 +149,21 @@ def _retry_item(group: list[Episode]) -> RetryItem:
     return RetryItem(t.task.key, t.first, turn.text, turn.feedback, turn.score)
 
 
-def rl_reward(prompts, completions, rl_reward, **kwargs) -> list[float]:
-    """The PrimeEcho (or best-of-turns) reward each trajectory got in the rollout."""
-    return list(rl_reward)
+def make_reward(primeecho: PrimeEchoSettings):
+    """TRL's reward function for the rollouts: each trajectory's turn scores (rollout fields) -> its episode reward
+    (PrimeEcho, or the best turn's), logging the step's reward and the rollout's metrics through `log_metric`."""
+
+    def musacoder_rl_reward(prompts, completions, turn_scores, turn_passed, rollout_metrics=None, log_metric=None,
+                            **kwargs) -> list[float]:
+        rewards = [episode_reward(s, p, primeecho) for s, p in zip(turn_scores, turn_passed)]
+        if log_metric is not None:
+            log_metric("rl/reward_mean", sum(rewards) / len(rewards))
+            log_metric("rl/reward_std", torch.tensor(rewards).std().item())
+            for name, value in (rollout_metrics[0] if rollout_metrics else {}).items():
+                log_metric(name, value)
+        return rewards
+
+    return musacoder_rl_reward
 
 
 def _trainer_class():
@@ -289,7 +301,7 @@ def build_trainer(cfg: RLConfig):
         args = one_gpu(args, f"the verifier's device workers run on {cfg.verify.get('devices') or 'all of them'} "
                              f"(verify.devices)")
         args.model_init_kwargs = {**(args.model_init_kwargs or {}), "device_map": {"": 0}}  # TRL's default: "auto"
-    trainer = _trainer_class()(model=model, reward_funcs=[rl_reward], args=args,
+    trainer = _trainer_class()(model=model, reward_funcs=[make_reward(cfg.primeecho)], args=args,
                                train_dataset=Dataset.from_list(rows), processing_class=tok,
                                rollout_func=rollouts, callbacks=[_callback(out, buffer)])
     trainer.mirrorpop = cfg.mirrorpop

@@ -1,0 +1,111 @@
+"""The adapter's settings (`reward.reward_kwargs.musacoder`), dataset rows, and verifier access shared by the agent
+loop and the reward manager."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+from dataclasses import dataclass, field
+
+from musacoder.conversation import task_messages
+from musacoder.settings import Settings
+from musacoder.tasks.model import Task
+from musacoder.train.rl.bdr import BDRSettings
+from musacoder.train.rl.config import PrimeEchoSettings
+from musacoder.verifier.verdict import Verdict
+
+
+@dataclass
+class VerlSettings(Settings):
+    verifier_url: str | None = None  # the reward service; None: the verifier's batch API inside the worker
+    token_env: str = "MUSACODER_TOKEN"
+    verify: dict = field(default_factory=dict)  # VerifyConfig fields for the batch API
+    max_turns: int = 3
+    primeecho: PrimeEchoSettings = field(default_factory=PrimeEchoSettings)
+    bdr: BDRSettings = field(default_factory=BDRSettings)
+    bdr_state: str | None = None  # file the buffer actor keeps its state in (a resumed run reloads it)
+
+    @classmethod
+    def from_dict(cls, d, _path: str = "") -> VerlSettings:
+        """verl hands OmegaConf nodes: plain containers first, then the common loader."""
+        from omegaconf import OmegaConf
+
+        return super().from_dict(OmegaConf.to_container(d, resolve=True) if OmegaConf.is_config(d) else dict(d), _path)
+
+    @classmethod
+    def from_config(cls, config) -> VerlSettings:
+        """From the whole verl config: reward.reward_kwargs.musacoder."""
+        return cls.from_dict((config.reward.get("reward_kwargs", None) or {}).get("musacoder", None) or {})
+
+
+def task_rows(tasks: list[Task], backend: str, one_shot: bool = True) -> list[dict]:
+    """verl dataset rows (write them to parquet): the prompt as the benchmark asks it, the task in extra_info."""
+    return [{"data_source": "musacoder", "prompt": task_messages(t, backend, one_shot), "agent_name": "musacoder_agent",
+             "reward_model": {"style": "verifier", "ground_truth": ""},
+             "extra_info": {"index": i, "task": {"name": t.name, "code": t.code, "level": t.level,
+                                                 "problem_id": t.problem_id}}}
+            for i, t in enumerate(tasks)]
+
+
+def task_of(info: dict) -> Task:
+    """The task a row's extra_info carries."""
+    return Task(**info["task"])
+
+
+class AsyncVerifier:
+    """verify(task, text) from async code: the service's async client (one connection pool, opened on first use on
+    the caller's event loop), or the batch API in a thread."""
+
+    def __init__(self, s: VerlSettings):
+        self.s, self._client, self._loop, self._local = s, None, None, None
+
+    async def verify(self, task: Task, text: str) -> Verdict:
+        if self.s.verifier_url:
+            from musacoder.service.client import AsyncVerifierClient
+
+            if self._client is None:
+                self._client = AsyncVerifierClient(self.s.verifier_url, os.environ.get(self.s.token_env))
+                self._loop = asyncio.get_running_loop()
+            return await self._client.verify(task, text)
+        if self._local is None:
+            from musacoder.api import Verifier
+            from musacoder.config import VerifyConfig
+
+            self._local = Verifier(VerifyConfig.from_dict(self.s.verify))
+        return (await asyncio.get_running_loop().run_in_executor(None, self._local.verdicts, [(task, text)]))[0]
+
+    def close(self):
+        """Close the client on the loop it was opened on (its connections belong to that loop)."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            if self._loop.is_running():
+                asyncio.run_coroutine_threadsafe(client.aclose(), self._loop)
+            elif not self._loop.is_closed():
+                self._loop.run_until_complete(client.aclose())
+        except RuntimeError:  # a loop closing under us: its connections go with it
+            pass
+
+
+class SharedVerifier:
+    """verl builds an agent loop per trajectory and a reward manager per worker: one verifier per class and process
+    (verl's `init_class` convention), replaced if the settings change, closed at exit or by `close_class()`."""
+
+    _verifier: AsyncVerifier | None = None
+
+    @classmethod
+    def init_verifier(cls, s: VerlSettings) -> AsyncVerifier:
+        if cls._verifier is None or cls._verifier.s != s:
+            if cls._verifier is None:
+                atexit.register(cls.close_class)
+            cls.close_class()
+            cls._verifier = AsyncVerifier(s)
+        return cls._verifier
+
+    @classmethod
+    def close_class(cls):
+        v, cls._verifier = cls._verifier, None
+        if v is not None:
+            v.close()
