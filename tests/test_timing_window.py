@@ -1,6 +1,7 @@
 """The timing window (verifier/window.py, timing.py): sizing a block, the rule for work moved out of the timed stretch,
 and one window end to end on the cpu."""
 
+import os
 import random
 
 import pytest
@@ -92,7 +93,6 @@ def test_an_honest_kernel_is_timed_in_blocks_of_calls_on_the_cpu(relu_verdict):
 def test_cpu_subjects_keep_what_their_allocator_frees(monkeypatch):
     """A call's time on the cpu must not hang on where glibc's heap top happens to lie (page faults per call, 10 to
     3,200 for the same eager call): subjects start with the tunables that keep freed pages, the user's own kept."""
-    import os
     import subprocess
     import sys
 
@@ -122,3 +122,32 @@ def test_a_window_stops_early_only_once_the_quiet_gate_already_refuses_the_candi
     assert not _convicted(both, 3.0, 2.0)
     honest = {"cand": [0.05, 0.06, 0.04, 0.05], "ref": [0.05, 0.04, 0.06, 0.05]}
     assert not _convicted(honest, 30.0, 2.0)
+
+
+def test_paired_speedup_interval():
+    import random
+
+    from musacoder.verifier.timing import paired_speedup, reward_speedup
+
+    ref = [2.0, 2.1, 1.9, 2.0, 2.05, 1.95] * 5
+    cand = [1.0, 1.05, 0.95, 1.0, 1.02, 0.98] * 5
+    sp, lo, hi = paired_speedup(ref, cand, random.Random(0))
+    assert sp == pytest.approx(2.0) and 1.8 < lo <= sp <= hi < 2.2
+    noisy = [0.5, 4.0] * 15  # a load spike on half the candidate's calls: the interval straddles 1
+    sp, lo, hi = paired_speedup([1.0] * 30, noisy, random.Random(0))
+    assert lo < 1.0 < hi and reward_speedup(sp, lo, hi) == 1.0
+    assert reward_speedup(2.0, 1.5, 2.5) == 2.0 and reward_speedup(0.5, 0.4, 0.6) == 0.5
+
+
+def test_the_stop_rule_reads_the_median():
+    import random
+
+    from musacoder.verifier.timing import rse
+
+    rng = random.Random(0)
+    calls = [10.0 * (1 + 0.003 * rng.gauss(0, 1)) for _ in range(20)]
+    assert rse(calls) < 0.005  # twenty steady calls reach the 0.5% target...
+    assert rse(calls[:19] + [60.0]) < 0.005  # ...and one 6x slow call among them does not undo it (a mean's would)
+    assert rse([10.0 * (1 + 0.1 * rng.gauss(0, 1)) for _ in range(20)]) > 0.01  # 10% jitter on every call does
+    assert rse([10.0]) == float("inf") and rse([0.0, 0.0]) == float("inf")
+

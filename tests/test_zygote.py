@@ -1,0 +1,72 @@
+"""verifier/zygote.py: the fork server and its children."""
+
+import os
+import signal
+import time
+
+import pytest
+
+
+def test_the_fork_server_says_when_its_children_could_not_use_the_device():
+    """Anything that initialised CUDA in the fork server leaves its children "in bad fork" (torch's flag): a forked
+    child reports the flag and the judge then starts device subjects from scratch. The flag is faked (no GPU here);
+    the fork and the report are real."""
+    from types import SimpleNamespace
+
+    from musacoder.verifier.zygote import _children_can_use_the_device
+
+    def torch_with(bad: bool):
+        return SimpleNamespace(cuda=SimpleNamespace(_is_in_bad_fork=lambda: bad))
+
+    assert _children_can_use_the_device(torch_with(False))
+    assert not _children_can_use_the_device(torch_with(True))
+
+
+def test_a_fork_server_slow_to_reap_survives_a_judge_that_stopped_waiting(tmp_path):
+    """On a loaded host (16 judges on 64 cores, 2026-11-26) the fork server reaped a killed candidate after the judge
+    had given up waiting and removed the candidate's directory; writing the exit record there raised inside its SIGCHLD
+    handler and killed it, and with it every spare it had forked: "no candidate process could be started (SIGKILL)"
+    verdicts. The slow reap is made certain by stopping the server while the judge closes the candidate."""
+    from musacoder.backends import get_backend
+    from musacoder.verifier.judge import Subject
+    from musacoder.verifier.zygote import Zygote
+
+    zygote = Zygote({}, tmp_path / "logs" / "zygote.log")
+    backend = get_backend("cpu")
+    try:
+        zygote.device_fork()  # started
+        spare = Subject(backend, tmp_path, "cand", False, 1, zygote).ready()
+        cand = Subject(backend, tmp_path, "cand", False, 1, zygote).ready()
+        os.kill(zygote.proc.pid, signal.SIGSTOP)
+        cand.close()  # kills it, waits 0.5 s for the exit record, removes its directory
+        os.kill(zygote.proc.pid, signal.SIGCONT)
+        time.sleep(1.0)
+        assert zygote.proc.poll() is None and spare.proc.alive
+        spare.close()
+    finally:
+        zygote.close()
+
+
+def test_a_forked_subject_whose_end_went_unrecorded_says_so(tmp_path):
+    """A forked subject's exit code comes from a record its fork server writes; when none came, the error said
+    "signal SIGKILL" (a guess), which sent two sessions looking for a killer."""
+    import socket
+    import subprocess
+    from multiprocessing.connection import Connection
+
+    from musacoder.proc.process import WorkerDied, WorkerProcess
+    from musacoder.verifier.zygote import Forked
+
+    gone = subprocess.Popen(["true"], start_new_session=True)  # left a zombie: its pid stays ours, never reused
+    while open(f"/proc/{gone.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+    try:
+        proc = Forked(gone.pid, tmp_path / "exit")
+        assert proc.poll() is not None and not proc.recorded
+        worker = WorkerProcess("subject-cand", "cpu", tmp_path, ["musacoder.verifier.subject"])
+        ours, _theirs = socket.socketpair()
+        worker.proc, worker.conn = Forked(gone.pid, tmp_path / "exit"), Connection(ours.detach())
+        with pytest.raises(WorkerDied, match="exit status not recorded"):
+            worker._recv(5)
+    finally:
+        gone.wait()
