@@ -1,6 +1,5 @@
 """settings.py: one loader for every config."""
 
-
 import pytest
 
 from musacoder.config import VerifyConfig
@@ -26,3 +25,18 @@ def test_one_settings_loader_for_every_config(tmp_path):
     assert cfg.lora.r == 4 and cfg.lora.enabled and cfg.output_dir == "elsewhere"
     with pytest.raises(ValueError, match="unknown SFTConfig setting"):
         SFTConfig.from_yaml(p, learning_rat=1e-5)
+
+
+def test_sub_configs_fail_at_load_not_in_a_worker():
+    from musacoder.train.rl.config import RLConfig
+
+    with pytest.raises(ValueError, match=r"under verify: \['timng_enabled'\]"):
+        RLConfig(model="m", verify={"timng_enabled": False})
+    with pytest.raises(ValueError, match=r"under warm_start: \['epoch'\]"):
+        RLConfig(warm_start={"epoch": 1})
+    with pytest.raises(ValueError, match="max_turns"):  # built in Python, a sub-config gets its ranges too
+        RLConfig(model="m", max_turns=0)
+    from musacoder.train.rl.bdr import BDRSettings
+
+    with pytest.raises(ValueError):
+        BDRSettings(prob=2.0)

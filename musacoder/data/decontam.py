@@ -60,6 +60,7 @@ class DecontamSettings(Settings):
     detectors: tuple[str, ...] = DETECTORS
 
     def __post_init__(self):
+        super().__post_init__()
         if not 0 < self.threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], not {self.threshold}")
         if self.num_perm < 32:

@@ -54,8 +54,10 @@ class RFTConfig(Settings):
     pool_draw: str = "cluster"  # as SFT's pool_draw, for the preview
 
     def __post_init__(self):
+        super().__post_init__()
         if isinstance(self.cluster, dict):
             self.cluster = ClusterSettings(**self.cluster)
+        VerifyConfig.from_dict(self.verify, "verify.")  # a typo under verify: fails here, not in a worker
         if not self.model:
             raise ValueError("`model` (a generation client spec: hf:PATH, openai:MODEL[@URL], replay:PATH) is needed")
 

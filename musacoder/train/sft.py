@@ -82,6 +82,7 @@ class SFTConfig(Settings):
     trainer: dict = field(default_factory=dict)  # further trl.SFTConfig fields as they are (deepspeed, report_to..)
 
     def __post_init__(self):
+        super().__post_init__()
         self.data = [Source.coerce(s) for s in self.data]
         if isinstance(self.lora, dict):
             self.lora = LoraSettings(**self.lora)

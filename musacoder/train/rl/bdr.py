@@ -28,6 +28,7 @@ class BDRSettings(Settings):
     unique_tasks: bool = True  # a newer failure of a task replaces its older buffered one
 
     def __post_init__(self):
+        super().__post_init__()
         if self.evict not in ("oldest", "newest"):
             raise ValueError(f"bdr.evict must be 'oldest' or 'newest', not {self.evict!r}")
         if not 0.0 <= self.prob <= 1.0 or self.capacity < 1 or self.max_uses < 1:

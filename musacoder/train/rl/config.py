@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from musacoder.config import AtLeast1, Count, NonNegative, Positive
+from musacoder.config import AtLeast1, Count, NonNegative, Positive, VerifyConfig
 from musacoder.settings import ConfigPath, Field, Settings
 from musacoder.train.rl.bdr import BDRSettings
 
@@ -99,6 +99,15 @@ class RLConfig(Settings):
                 setattr(self, name, typ(**getattr(self, name)))
         if (self.model is None) == (self.warm_start is None):
             raise ValueError("give exactly one of `model` (a checkpoint) and `warm_start` (SFT settings)")
+        VerifyConfig.from_dict(self.verify, "verify.")  # a typo under verify: fails here, not in a worker
+        if self.warm_start is not None:
+            import dataclasses
+
+            from musacoder.train.sft import SFTConfig
+
+            known = {f.name for f in dataclasses.fields(SFTConfig)}
+            if unknown := sorted(set(self.warm_start) - known):
+                raise ValueError(f"unknown SFTConfig setting(s) under warm_start: {unknown}; known: {sorted(known)}")
         if (self.prompts_per_step * self.group_size) % self.micro_batch:
             raise ValueError("prompts_per_step * group_size must be a multiple of micro_batch")
         if self.generation not in ("hf", "vllm"):

@@ -26,6 +26,12 @@ class VerlSettings(Settings):
     bdr: BDRSettings = field(default_factory=BDRSettings)
     bdr_state: str | None = None  # file the buffer actor keeps its state in (a resumed run reloads it)
 
+    def __post_init__(self):
+        super().__post_init__()
+        from musacoder.config import VerifyConfig
+
+        VerifyConfig.from_dict(self.verify, "musacoder.verify.")  # a typo fails in the driver, not in a worker
+
     @classmethod
     def from_dict(cls, d, _path: str = "") -> VerlSettings:
         """verl hands OmegaConf nodes: plain containers first, then the common loader."""
