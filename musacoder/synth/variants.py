@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from musacoder.data.decontam import Trace, TraceError, trace_task
+from musacoder.data.decontam import Renamer, Trace, TraceError, trace_task
 from musacoder.pyast import parse
 from musacoder.tasks.model import Task
 
@@ -224,17 +224,11 @@ class _Epilogue(ast.NodeTransformer):
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _inner
 
 
-class _Rename(ast.NodeTransformer):
+class _Rename(Renamer):
+    """Also the functions and classes it defines."""
+
     def __init__(self, names: dict[str, str]):
-        self.names = names
-
-    def visit_Name(self, node):
-        node.id = self.names.get(node.id, node.id)
-        return node
-
-    def visit_arg(self, node):
-        node.arg = self.names.get(node.arg, node.arg)
-        return node
+        super().__init__(names, {})
 
     def _def(self, node):
         node.name = self.names.get(node.name, node.name)
