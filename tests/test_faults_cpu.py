@@ -140,6 +140,7 @@ def _alive(file: str, marker: str) -> int:
     return n
 
 
+@pytest.mark.slow  # CI time (~94 s: the honest build beside the bomb); the other faults stay in CI above
 def test_compiler_bomb(cache_dir):
     from musacoder.config import VerifyConfig
     from musacoder.examples_catalog import EXAMPLES_DIR
