@@ -103,7 +103,7 @@ def tolerance(backend: str, reference_ms: float) -> float | None:
 # ---- ground truth, in a plain process ---------------------------------------------------------------------------
 def truth_main(spec_path: str) -> None:
     """`python -m musacoder.bench.calibrate --truth SPEC.json`: time each row's reference and candidate in this
-    process; write {"rows": [{"reference_ms", "candidate_ms"}...]} next to the spec."""
+    process; print one JSON line {"row", "reference_ms", "candidate_ms", ...} per row as it is measured."""
     spec = json.loads(Path(spec_path).read_text())
     import torch
 
@@ -125,7 +125,6 @@ def truth_main(spec_path: str) -> None:
         while time.perf_counter() - t0 < 2.0:
             x @ x
         backend.synchronize()
-    out = []
     for i, row in enumerate(spec["rows"]):
         task = load_module(row["task_code"], f"truth_task_{i}", Path(spec["cache"]))
         cand = load_module(row["kernel_code"], f"truth_cand_{i}", Path(spec["cache"]))
@@ -136,23 +135,31 @@ def truth_main(spec_path: str) -> None:
         new = cand.ModelNew(*init).to(device).eval()
         times = {}
         with torch.no_grad():
+            # one workload a row, born on the device (the task's get_inputs under it, as the judge makes its
+            # inputs), shared by both sides and both repeats: making it on the host took minutes a run
+            one = _inputs(task, device)
+            sets = [one] + [_inputs(task, device) for _ in range(row["calls"] - 1)] if device.type != "cpu" else []
             for side, model in (("reference", ref), ("candidate", new)) * 2:
-                times.setdefault(f"{side}_ms", []).append(_time(model, task, device, backend))
-                if device.type != "cpu":
-                    times.setdefault(f"{side}_block_ms", []).append(
-                        _time_block(model, task, device, row["calls"], row["graphs"]))
-        out.append({k: statistics.median(v) for k, v in times.items()})
-        print(f"truth {i + 1}/{len(spec['rows'])}: {out[-1]}", file=sys.stderr, flush=True)
-    Path(spec["out"]).write_text(json.dumps({"rows": out}))
+                times.setdefault(f"{side}_ms", []).append(_time(model, task, one, device, backend))
+                if sets:
+                    times.setdefault(f"{side}_block_ms", []).append(_time_block(model, sets, row["graphs"]))
+            del sets, one
+        print(json.dumps({"row": i, **{k: statistics.median(v) for k, v in times.items()}}), flush=True)
 
 
-def _time_block(model, task, device, calls: int, graphs: bool) -> float:
-    """do_bench of the verifier's workload in this process: `calls` back-to-back calls on their own input sets (one
-    CUDA graph replay where the verifier replayed graphs), L2 cleared before each block, per call."""
+def _inputs(task, device) -> list:
+    import torch
+
+    with torch.device(device):
+        return list(task.get_inputs())
+
+
+def _time_block(model, sets: list, graphs: bool) -> float:
+    """do_bench of the verifier's workload in this process: back-to-back calls on their own input sets (one CUDA
+    graph replay where the verifier replayed graphs), L2 cleared before each block, per call."""
     import torch
     from triton.testing import do_bench
 
-    sets = [[x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()] for _ in range(calls)]
     if graphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -166,23 +173,21 @@ def _time_block(model, task, device, calls: int, graphs: bool) -> float:
         del graph, outs
     else:
         ms = do_bench(lambda: [model(*s) for s in sets], warmup=25, rep=200, return_mode="median")
-    return float(ms) / calls
+    return float(ms) / len(sets)
 
 
-def _time(model, task, device, backend) -> float:
+def _time(model, task, inputs: list, device, backend) -> float:
     import torch
 
     if device.type != "cpu":
         from triton.testing import do_bench
 
-        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
         return float(do_bench(lambda: model(*inputs), warmup=25, rep=200, return_mode="median"))
     import torch.utils.benchmark as tb
 
-    one = [x for x in task.get_inputs()]
-    set_bytes = sum(x.numel() * x.element_size() for x in one if isinstance(x, torch.Tensor))
+    set_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
     n = max(2, min(256, math.ceil(2 * backend.cache_bytes() / max(set_bytes, 1))))
-    sets = [one] + [task.get_inputs() for _ in range(n - 1)]
+    sets = [inputs] + [task.get_inputs() for _ in range(n - 1)]
     state = {"i": 0}
 
     def call():
@@ -229,24 +234,30 @@ def _verify(rows: list[dict], tasks: list, backend: str, cache: str, method: str
                 f"{v.speedup_eager}")
 
 
-def _truth(rows: list[dict], backend: str, cache: str) -> list[dict]:
-    """The same kernels timed in a plain process, after the pool is closed (nothing else on the device)."""
+def _truth(rows: list[dict], backend: str, cache: str):
+    """The same kernels timed in a plain process, after the pool is closed (nothing else on the device): each row's
+    (index, times) as the process measures it, so a run cut short keeps the rows it has."""
     from musacoder.proc.process import usable_cores
     from musacoder.verifier.judge import steady_malloc
 
     threads = usable_cores() if backend == "cpu" else None
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "spec.json"
-        result = Path(tmp) / "truth.json"
-        spec.write_text(json.dumps({"backend": backend, "cache": cache, "threads": threads, "out": str(result),
+        spec.write_text(json.dumps({"backend": backend, "cache": cache, "threads": threads,
                                     "rows": [{"task_code": r["task_code"], "kernel_code": r["kernel_code"],
                                               "calls": r["judge"].get("calls_per_block") or 1,
                                               "graphs": bool(r["judge"].get("graphs"))} for r in rows]}))
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")  # as the judge's subjects run (judge.Subject)
         if threads:
             env.update(OMP_NUM_THREADS=str(threads), **steady_malloc())
-        subprocess.run([sys.executable, "-m", "musacoder.bench.calibrate", "--truth", str(spec)], env=env, check=True)
-        return json.loads(result.read_text())["rows"]
+        with subprocess.Popen([sys.executable, "-m", "musacoder.bench.calibrate", "--truth", str(spec)], env=env,
+                              stdout=subprocess.PIPE, text=True) as child:
+            for line in child.stdout:
+                if line.startswith('{"row"'):  # anything else on stdout (a build's words) is not a row
+                    times = json.loads(line)
+                    yield times.pop("row"), times
+        if child.returncode:
+            raise RuntimeError(f"the in-process timing exited with status {child.returncode}")
 
 
 def _judge(row: dict, truth: dict, backend: str) -> None:
@@ -281,19 +292,25 @@ def run(backend: str = "auto", quick: bool = False, cache: str | None = None, ou
     tasks = [Task(name=f"calib_{row['family'].replace(' ', '_')}_{i}", code=row["task_code"])
              for i, row in enumerate(rows)]
 
+    start = time.monotonic()
+
+    def say(message: str) -> None:  # seconds since the start: where a long run's time goes
+        log(f"{time.monotonic() - start:5.0f} s  {message}")
+
     def save():
         if out:
             kept = [{k: v for k, v in r.items() if k not in ("task_code", "kernel_code")} for r in rows]
             Path(out).write_text(json.dumps({"backend": backend, "rows": kept}, indent=1))
 
-    _verify(rows, tasks, backend, cache, "judge", log)
-    for i, (row, truth) in enumerate(zip(rows, _truth(rows, backend, cache))):
+    _verify(rows, tasks, backend, cache, "judge", say)
+    for i, truth in _truth(rows, backend, cache):
+        row = rows[i]
         _judge(row, truth, backend)
-        log(f"row {i + 1}/{len(rows)}: {row['family']} {row['sizes']}: in process {row['truth']['speedup']:.3f}, "
+        say(f"row {i + 1}/{len(rows)}: {row['family']} {row['sizes']}: in process {row['truth']['speedup']:.3f}, "
             f"verifier {row['judge']['speedup']}, ratio {row.get('ratio', float('nan')):.3f}: {row['verdict']}")
-    save()
+        save()
     if kernelbench:
-        _verify(rows, tasks, backend, cache, "kernelbench", log)
+        _verify(rows, tasks, backend, cache, "kernelbench", say)
         save()
     for row in rows:
         row.pop("task_code")
