@@ -22,9 +22,10 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+import torch.utils.cpp_extension  # noqa: F401  (snapshot() holds its load_inline)
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# The paper's appendix allowlist (42 ops) ...
+# The paper's appendix allowlist (41 ops) ...
 PAPER_ALLOWED = {
     "_assert_async", "_assert_scalar", "_assert_tensor_metadata", "_cast_Byte", "_cast_Char", "_cast_Double",
     "_cast_Float", "_cast_Half", "_cast_Int", "_cast_Long", "_cast_Short", "_local_scalar_dense", "alias",
@@ -94,6 +95,8 @@ def ensure_tracer(cache_dir) -> str:
             tmp.unlink(missing_ok=True)
             why = e.stderr.strip()[-2000:] if isinstance(e.stderr, str) else f"no result in {e.timeout:.0f} s"
             raise TracerUnavailable(f"the dispatcher op tracer did not build: {why}") from None
+        if not tmp.is_file():  # a compiler wrapper that exits 0 and writes nothing
+            raise TracerUnavailable(f"the C++ compiler ({cxx}) wrote no dispatcher op tracer")
         os.replace(tmp, lib)
     return str(lib)
 
@@ -241,8 +244,9 @@ def _harness_objects() -> dict:
 
 
 def snapshot() -> dict:
-    """Identities of the functions the harness relies on, and settings that change numerics or timing."""
-    snap = {k: id(v) for k, v in _harness_objects().items()}
+    """The functions the harness relies on (the objects themselves: an id alone can be reused by a replacement made
+    where a deleted original was freed), and settings that change numerics or timing."""
+    snap = _harness_objects()
     snap["setting:num_threads"] = torch.get_num_threads()
     snap["setting:allow_tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
     snap["setting:allow_tf32_cudnn"] = torch.backends.cudnn.allow_tf32
@@ -251,7 +255,9 @@ def snapshot() -> dict:
 
 
 def integrity_changes(before: dict, after: dict) -> list[str]:
-    return sorted(k for k in before if before[k] != after.get(k))
+    """Names whose function is not the same object any more, or whose setting changed value."""
+    return sorted(k for k in before if (before[k] != after.get(k) if k.startswith("setting:")
+                                        else before[k] is not after.get(k)))
 
 
 def thread_count() -> int:
