@@ -270,21 +270,20 @@ class GpuBackend(Backend):
         free, total = self.rt.mem_get_info()
         return self.rt.memory_allocated(), self.rt.memory_reserved(), free, total
 
-    def profile_kernels(self, fn, args, own_kernels, activity, is_device_event, library_kernels) -> tuple[dict, int]:
-        """Device time of the candidate's own kernels under torch.profiler, and how many device events it recorded.
-        With `own_kernels` (the `__global__` names its library defines, from symbols.library_symbols) a kernel is its
-        own by name; without, by the `library_kernels` substring heuristic (which misjudges own kernels whose
-        argument types mention at::/c10::)."""
-        from torch.profiler import ProfilerActivity, profile
-
+    def profile_kernels(self, fn, args, own_kernels, profiler, is_device_event, library_kernels) -> tuple[dict, int]:
+        """Device time of the candidate's own kernels under `profiler` (a new torch profiler context), and how many
+        device events it recorded. With `own_kernels` (the `__global__` names its library defines, from
+        symbols.library_symbols) a kernel is its own by name; without, by the `library_kernels` substring heuristic
+        (which misjudges own kernels whose argument types mention at::/c10::)."""
         from musacoder.backends.kernel_names import own_kernel
 
-        with profile(activities=[ProfilerActivity.CPU, activity]) as prof:
+        with profiler as prof:
             fn(*args)
             self.synchronize()
+        events = prof.events() if hasattr(prof, "events") else prof.function_events
         total = own = 0.0
         names, own_n, seen = set(), 0, 0
-        for ev in prof.events():
+        for ev in events:
             if not is_device_event(ev.device_type):
                 continue
             seen += 1

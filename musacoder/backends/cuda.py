@@ -86,9 +86,10 @@ class CudaBackend(GpuBackend):
         return {"PYTORCH_NVCC": shlex.join([sys.executable, "-m", "musacoder.verifier.nvcc_overlap", nvcc])}
 
     def kernel_profile(self, fn, args, own_kernels: list[str] | None = None) -> dict | None:
-        from torch.profiler import ProfilerActivity
-
-        prof, _ = self.profile_kernels(fn, args, own_kernels, ProfilerActivity.CUDA,
+        # Kineto through the autograd profiler: torch.profiler.profile's first start asks hasattr(torch, "_inductor"),
+        # which imports Inductor and Dynamo (~2-4 s in each fresh subject, the most of a cached verification)
+        prof, _ = self.profile_kernels(fn, args, own_kernels,
+                                       torch.autograd.profiler.profile(use_kineto=True, use_device="cuda"),
                                        lambda t: t == torch.autograd.DeviceType.CUDA, LIBRARY_KERNELS)
         return prof
 

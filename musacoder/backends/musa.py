@@ -123,12 +123,12 @@ class MusaBackend(GpuBackend):
     def kernel_profile(self, fn, args, own_kernels: list[str] | None = None) -> dict | None:
         """None where torch.profiler has no MUSA activity, or recorded no MUSA device event (no evidence: a
         Kineto without MUSA support must not make every candidate look kernel-less)."""
-        from torch.profiler import ProfilerActivity
+        from torch.profiler import ProfilerActivity, profile
 
         activity = getattr(ProfilerActivity, "MUSA", None) or getattr(ProfilerActivity, "PrivateUse1", None)
         if activity is None:
             return None
-        prof, seen = self.profile_kernels(fn, args, own_kernels, activity,
+        prof, seen = self.profile_kernels(fn, args, own_kernels, profile(activities=[ProfilerActivity.CPU, activity]),
                                           lambda t: getattr(t, "name", str(t)).upper() in ("PRIVATEUSE1", "MUSA"),
                                           LIBRARY_KERNELS)
         return prof if seen else None
