@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from musacoder import conversation
 from musacoder.api import verify_many
@@ -177,57 +177,75 @@ def identical_samples(texts: dict[str, list[str]], temperature: float) -> str | 
             "Pass@k is then meaningless")
 
 
-def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, Task], client: Client, store: Store,  # noqa: C901
+class _Generation:
+    """One turn's generation (on a thread of its own when it overlaps verification): each answer stored, those to
+    verify put on `ready`, then None."""
+
+    def __init__(self, turn: int, gen: list[Request], client: Client, store: Store, progress: Progress, gbar: TaskID,
+                 vbar: TaskID, to_verify: int):
+        self.turn, self.gen, self.client, self.store = turn, gen, client, store
+        self.progress, self.gbar, self.vbar = progress, gbar, vbar
+        self.ready: queue.Queue = queue.Queue()  # (task, sample, raw) waiting for verification; None: generation ended
+        self.stop = threading.Event()
+        self.failures, self.to_verify = 0, to_verify
+        self.texts: dict[str, list[str]] = {}  # task -> this turn's answers, to spot a server that ignores temperature
+
+    def run(self) -> None:
+        left = set(range(len(self.gen)))
+        try:
+            for i, g in self.client.generate(self.gen):
+                if self.stop.is_set():
+                    return
+                r = self.gen[i]
+                self.store.put_generation(r.task.key, r.task.level, r.sample, self.turn, g.messages or r.messages, g,
+                                          None if g.error else _code(g.text))
+                left.discard(i)
+                self.answered(r, g)
+            if warning := identical_samples(self.texts, self.gen[0].temperature):
+                self.progress.console.print(f"[yellow]warning:[/yellow] {warning}")
+        except Exception as e:  # noqa: BLE001 -- a client bug must not lose the run: what it did not answer is recorded as failed
+            if not self.stop.is_set():
+                self.unanswered(left, e)
+        finally:
+            self.ready.put(None)
+
+    def answered(self, r: Request, g: Generation) -> None:
+        """A stored answer counted, and queued for verification unless its generation failed."""
+        self.failures += bool(g.error)
+        self.progress.update(self.gbar, advance=1, description=f"turn {self.turn}: generate"
+                             + (f" [red]({self.failures} failed)[/red]" if self.failures else ""))
+        if g.error:
+            return
+        self.texts.setdefault(r.task.key, []).append(g.text)
+        self.to_verify += 1
+        self.progress.update(self.vbar, total=self.to_verify)
+        self.ready.put((r.task, r.sample, g.text))
+
+    def unanswered(self, left: set[int], e: Exception) -> None:
+        """The requests the client did not answer, stored as failed (the next run asks them again)."""
+        for i in left:
+            r = self.gen[i]
+            self.store.put_generation(r.task.key, r.task.level, r.sample, self.turn, r.messages,
+                                      Generation(error=f"client failed: {type(e).__name__}: {e}"), None)
+
+    def stop_generating(self) -> None:
+        self.stop.set()
+        self.client.cancel()
+
+
+def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, Task], client: Client, store: Store,
               vcfg: VerifyConfig, progress: Progress, overlap: bool, interrupts: Interrupts) -> None:
-    ready: queue.Queue = queue.Queue()  # (task, sample, raw) waiting for verification; None: generation ended
-    stop = threading.Event()
     gbar = progress.add_task(f"turn {turn}: generate", total=len(gen))
     vbar = progress.add_task(f"turn {turn}: verify", total=len(ver))
-    failures, to_verify = 0, len(ver)
-    texts: dict[str, list[str]] = {}  # task -> this turn's answers, to spot a server that ignores temperature
-
-    def produce():
-        nonlocal failures, to_verify
-        left = set(range(len(gen)))
-        try:
-            for i, g in client.generate(gen):
-                if stop.is_set():
-                    return
-                r = gen[i]
-                store.put_generation(r.task.key, r.task.level, r.sample, turn, g.messages or r.messages, g,
-                                     None if g.error else _code(g.text))
-                if not g.error:
-                    texts.setdefault(r.task.key, []).append(g.text)
-                left.discard(i)
-                failures += bool(g.error)
-                progress.update(gbar, advance=1, description=f"turn {turn}: generate"
-                                + (f" [red]({failures} failed)[/red]" if failures else ""))
-                if not g.error:
-                    to_verify += 1
-                    progress.update(vbar, total=to_verify)
-                    ready.put((r.task, r.sample, g.text))
-            if warning := identical_samples(texts, gen[0].temperature):
-                progress.console.print(f"[yellow]warning:[/yellow] {warning}")
-        except Exception as e:  # noqa: BLE001 -- a client bug must not lose the run: what it did not answer is recorded as failed
-            if not stop.is_set():
-                for i in left:
-                    r = gen[i]
-                    store.put_generation(r.task.key, r.task.level, r.sample, turn, r.messages,
-                                         Generation(error=f"client failed: {type(e).__name__}: {e}"), None)
-        finally:
-            ready.put(None)
-
-    def stop_generating():
-        stop.set()
-        client.cancel()
-
-    interrupts.on_stop = stop_generating
+    generation = _Generation(turn, gen, client, store, progress, gbar, vbar, len(ver))
+    ready = generation.ready
+    interrupts.on_stop = generation.stop_generating
     items = [(by_key[r.task], r.sample, r.raw) for r in ver]
     generating = bool(gen)
     if generating and overlap:
-        threading.Thread(target=produce, daemon=True, name="bench-generate").start()
+        threading.Thread(target=generation.run, daemon=True, name="bench-generate").start()
     elif generating:
-        produce()
+        generation.run()
     try:
         while items or generating:
             block = not items  # nothing to verify: wait for one generation, then take all that are there
@@ -246,8 +264,7 @@ def _run_turn(turn: int, gen: list[Request], ver: list[Row], by_key: dict[str, T
             interrupts.check()
     finally:
         interrupts.in_flight = 0
-        stop.set()
-        client.cancel()  # Ctrl-C: stop waiting on the server now, not when its answers arrive
+        generation.stop_generating()  # Ctrl-C: stop waiting on the server now, not when its answers arrive
 
 
 def check_subset(rows: list[Row], cfg: BenchConfig, force: bool) -> None:

@@ -190,19 +190,155 @@ class LimitReached(Exception):
     """Raised inside forward once the recorder has `limit` top-level ops: the trace is the prefix."""
 
 
+def _is_identity(label: str, scalar) -> bool:
+    """x + 0, x - 0, x * 1, x / 1: the operand itself."""
+    return label in ("add.Tensor", "sub.Tensor") and scalar == 0 or label in ("mul.Tensor", "div.Tensor") \
+        and scalar == 1 and not isinstance(scalar, bool)
+
+
+_BY_SCALAR = {"sub.Tensor": "add.Tensor", "div.Tensor": "mul.Tensor"}
+
+
+def _rewrite(func, label: str, args, scalar, children: list[Ref], ins: list) -> tuple[str, list[Ref], list]:
+    """(label, operand refs, operand tensors) of the op it equals, for an op with a scalar: x - 1 is x + -1, x / 2 is
+    x * 0.5, x ** 2 is x * x, clamp(x, min=0) is relu(x)."""
+    if label in _BY_SCALAR and scalar is not None:
+        return _BY_SCALAR[label], children, ins
+    if label == "pow.Tensor_Scalar" and scalar == 2:
+        return "mul.Tensor", children * 2, ins * 2
+    if func._schema.name in ("aten::clamp", "aten::clamp_min") and scalar == 0 and (len(args) < 3 or args[2] is None):
+        return "relu", children, ins
+    return label, children, ins
+
+
+def _push_transposes(children: list[Ref], pointwise: bool) -> tuple[list[Ref], bool]:
+    """(operands, output transposed): the transpose of the only operand, or of every operand of a pointwise op, moves
+    to the output."""
+    if len(children) == 1 and children[0].transposed or pointwise and all(c.transposed for c in children):
+        return [c._replace(transposed=False) for c in children], True
+    return children, False
+
+
+class _Recording:
+    """What the dispatch mode of `recorder_cls()` does with an op: the graph's bookkeeping and rewrites. Torch-free
+    (this module imports without torch): the mode supplies `Tensor`, the `pointwise` tag and `leaf`."""
+
+    Tensor: type
+    pointwise: object
+    graph: OpGraph
+    ops: list[str]
+    limit: int
+    ignored_ops: frozenset[str]
+    refs: dict  # tensor -> Ref, weakly keyed
+    weights: set[tuple]
+    depth: int  # > 0 inside a decomposition
+
+    def ref(self, t) -> Ref:
+        r = self.refs.get(t)
+        return r if r is not None else self.leaf(t)  # an input, or a constant the task made outside forward
+
+    def count(self, func, args, kwargs) -> None:
+        """A top-level op, with its boolean flags, into `ops`; LimitReached at `limit` ops."""
+        name = func.__name__.split(".")[0]
+        if "aten::" + name in self.ignored_ops:
+            return
+        flags = [f"{a.name}={v}" for a, v in zip(func._schema.arguments, args) if isinstance(v, bool)]
+        flags += [f"{k}={v}" for k, v in kwargs.items() if isinstance(v, bool)]
+        self.ops.append(name + (f"[{','.join(flags)}]" if flags else ""))
+        if len(self.ops) >= self.limit:
+            self.graph.truncated = True
+            raise LimitReached
+
+    def decompose(self, decomposition, args, kwargs):
+        """Torch's decomposition run under this mode: its ops are recorded, not counted as top-level ops."""
+        self.depth += 1
+        try:
+            with self:
+                return decomposition(*args, **kwargs)
+        finally:
+            self.depth -= 1
+
+    def record(self, func, args, kwargs, ins: list, outs: list) -> None:
+        """An op that returned a tensor; `ins` are the tensors among its arguments, `outs` its outputs."""
+        base = func._schema.name.partition("::")[2].rstrip("_")
+        if base == "copy" and len(ins) == 2:
+            self.refs[ins[0]] = self.ref(ins[1])  # assignment: the destination now holds the source
+        elif base in ALLOC or not ins:
+            label = "alloc" if base in ALLOC else _label(func)
+            for o in outs:
+                if isinstance(o, self.Tensor):
+                    self.leaf(o, label)
+        elif base in PASS:
+            self.alias(outs, self.ref(ins[0]))
+        elif base in TRANSPOSES:
+            self.transpose(ins[0], outs[0])
+        else:
+            self.node(func, args, kwargs, ins, outs)
+
+    def alias(self, outs: list, r: Ref) -> None:
+        """The op's tensor outputs are its operand `r`."""
+        for o in outs:
+            if isinstance(o, self.Tensor):
+                self.refs[o] = r
+
+    def transpose(self, t, out) -> None:
+        """Transposed unless it is the identity or of a weight (whose layout is the author's choice)."""
+        first = self.ref(t)
+        identity = out.shape == t.shape and out.stride() == t.stride()
+        flip = not identity and first.key not in self.weights
+        self.refs[out] = first._replace(transposed=first.transposed != flip)
+
+    def node(self, func, args, kwargs, ins, outs) -> None:
+        """A computing op: a node of the graph, in its canonical form (or its operand, for x * 1)."""
+        label = _label(func)
+        children = [self.ref(t) for t in ins]
+        shape = outs[0].shape if isinstance(outs[0], self.Tensor) else None
+        scalar = args[1] if len(args) > 1 and not isinstance(args[1], self.Tensor) else None
+        if _is_identity(label, scalar):
+            self.alias(outs, children[0])
+            return
+        if label in ("addmm", "baddbmm", "addmv") and len(ins) == 3:
+            self.matmul_add(children, ins[0].shape != shape, outs[0])
+            return
+        label, children, ins = _rewrite(func, label, args, scalar, children, ins)
+        commutative = label in COMMUTATIVE
+        if len(ins) == 1 and ins[0].numel() > 1 and shape is not None and math.prod(shape) == 1:
+            label += "[all]"  # a reduction over everything, not per row: rank-free, unlike its dims
+        label += _flags(func, args, kwargs)
+        is_pointwise = self.pointwise in func.tags
+        children, out_t = _push_transposes(children, is_pointwise)
+        marks = tuple("^" if is_pointwise and shape is not None and t.shape != shape else "" for t in ins)
+        key = self.append(label, children, marks, commutative)
+        for i, o in enumerate(outs):
+            if isinstance(o, self.Tensor):
+                self.refs[o] = Ref(key, i, out_t)
+
+    def matmul_add(self, children: list[Ref], broadcast: bool, out) -> None:
+        """addmm and its kin as a matmul, then the add (torch's decomposition of these is slow: an RNN runs
+        thousands)."""
+        product = Ref(self.append("mm", children[1:], ("", ""), False))
+        key = self.append("add.Tensor", [product, children[0]], ("", "^" if broadcast else ""), True)
+        self.refs[out] = Ref(key)
+
+    def append(self, label: str, children: list[Ref], marks: tuple[str, ...], commutative: bool) -> tuple:
+        self.graph.nodes.append(Node(label, tuple(children), marks, commutative))
+        return ("n", len(self.graph.nodes) - 1)
+
+
 @cache
-def recorder_cls():  # noqa: C901
+def recorder_cls():
     """The dispatch mode, built on first use (torch is imported then, not with this module)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
     from torch.utils.weak import WeakIdKeyDictionary
 
-    pointwise = torch.Tag.pointwise
-
-    class Recorder(TorchDispatchMode):
+    class Recorder(_Recording, TorchDispatchMode):
         """Records the canonical op graph (`graph`) and the top-level op sequence with boolean flags (`ops`), one
         forward; raises LimitReached after `limit` top-level ops."""
+
+        Tensor = torch.Tensor
+        pointwise = torch.Tag.pointwise
 
         def __init__(self, limit: int, ignored_ops: frozenset[str]):
             super().__init__()
@@ -222,107 +358,22 @@ def recorder_cls():  # noqa: C901
                 self.weights.add(r.key)
             return r
 
-        def ref(self, t) -> Ref:
-            r = self.refs.get(t)
-            return r if r is not None else self.leaf(t)  # an input, or a constant the task made outside forward
-
         def output_refs(self, out) -> list[Ref]:
             return [self.ref(t)._replace(transposed=False) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
 
         def __torch_dispatch__(self, func, types=(), args=(), kwargs=None):
             kwargs = kwargs or {}
             if self.depth == 0:
-                name = func.__name__.split(".")[0]
-                if "aten::" + name not in self.ignored_ops:
-                    flags = [f"{a.name}={v}" for a, v in zip(func._schema.arguments, args) if isinstance(v, bool)]
-                    flags += [f"{k}={v}" for k, v in kwargs.items() if isinstance(v, bool)]
-                    self.ops.append(name + (f"[{','.join(flags)}]" if flags else ""))
-                    if len(self.ops) >= self.limit:
-                        self.graph.truncated = True
-                        raise LimitReached
+                self.count(func, args, kwargs)
             decomposition = _decompositions().get(func)
             if decomposition is not None:
-                self.depth += 1
-                try:
-                    with self:
-                        return decomposition(*args, **kwargs)
-                finally:
-                    self.depth -= 1
+                return self.decompose(decomposition, args, kwargs)
             out = func(*args, **kwargs)
-            self.record(func, args, kwargs, out)
-            return out
-
-        def record(self, func, args, kwargs, out) -> None:
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
-            if not any(isinstance(o, torch.Tensor) for o in outs):
-                return  # .item(), sizes
-            base = func._schema.name.partition("::")[2].rstrip("_")
-            ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            if base == "copy" and len(ins) == 2:
-                self.refs[ins[0]] = self.ref(ins[1])  # assignment: the destination now holds the source
-                return
-            if base in ALLOC or not ins:
-                label = "alloc" if base in ALLOC else _label(func)
-                for o in outs:
-                    if isinstance(o, torch.Tensor):
-                        self.leaf(o, label)
-                return
-            first = self.ref(ins[0])
-            if base in PASS:
-                for o in outs:
-                    if isinstance(o, torch.Tensor):
-                        self.refs[o] = first
-                return
-            if base in TRANSPOSES:
-                identity = outs[0].shape == ins[0].shape and outs[0].stride() == ins[0].stride()
-                flip = not identity and first.key not in self.weights
-                self.refs[outs[0]] = first._replace(transposed=first.transposed != flip)
-                return
-            self.node(func, args, kwargs, ins, outs)
-
-        def node(self, func, args, kwargs, ins, outs) -> None:
-            label = _label(func)
-            children = [self.ref(t) for t in ins]
-            shape = outs[0].shape if isinstance(outs[0], torch.Tensor) else None
-            scalar = args[1] if len(args) > 1 and not isinstance(args[1], torch.Tensor) else None
-            if label in ("add.Tensor", "sub.Tensor") and scalar == 0 or label in ("mul.Tensor", "div.Tensor") \
-                    and scalar == 1 and not isinstance(scalar, bool):
-                for o in outs:  # x * 1, x + 0
-                    if isinstance(o, torch.Tensor):
-                        self.refs[o] = children[0]
-                return
-            if label in ("addmm", "baddbmm", "addmv") and len(ins) == 3:
-                # a matmul, then the add (torch's decomposition of these is slow: an RNN runs thousands)
-                product = Ref(self.append("mm", children[1:], ("", ""), False))
-                bias = "^" if ins[0].shape != shape else ""
-                key = self.append("add.Tensor", [product, children[0]], ("", bias), True)
-                self.refs[outs[0]] = Ref(key)
-                return
-            if label in ("sub.Tensor", "div.Tensor") and scalar is not None:
-                label = {"sub.Tensor": "add.Tensor", "div.Tensor": "mul.Tensor"}[label]  # x - 1, x / 2
-            elif label == "pow.Tensor_Scalar" and scalar == 2:
-                label, children, ins = "mul.Tensor", children * 2, ins * 2  # x ** 2 is x * x
-            elif func._schema.name in ("aten::clamp", "aten::clamp_min") and scalar == 0 \
-                    and (len(args) < 3 or args[2] is None):
-                label = "relu"
-            commutative = label in COMMUTATIVE
-            if len(ins) == 1 and ins[0].numel() > 1 and shape is not None and math.prod(shape) == 1:
-                label += "[all]"  # a reduction over everything, not per row: rank-free, unlike its dims
-            label += _flags(func, args, kwargs)
-            is_pointwise = pointwise in func.tags
-            out_t = False
-            if len(children) == 1 and children[0].transposed or \
-                    is_pointwise and all(c.transposed for c in children):
-                children, out_t = [c._replace(transposed=False) for c in children], True
-            marks = tuple("^" if is_pointwise and shape is not None and t.shape != shape else "" for t in ins)
-            key = self.append(label, children, marks, commutative)
-            for i, o in enumerate(outs):
-                if isinstance(o, torch.Tensor):
-                    self.refs[o] = Ref(key, i, out_t)
-
-        def append(self, label: str, children: list[Ref], marks: tuple[str, ...], commutative: bool) -> tuple:
-            self.graph.nodes.append(Node(label, tuple(children), marks, commutative))
-            return ("n", len(self.graph.nodes) - 1)
+            if any(isinstance(o, torch.Tensor) for o in outs):  # not .item(), sizes
+                ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+                self.record(func, args, kwargs, ins, outs)
+            return out
 
     return Recorder
 

@@ -94,7 +94,42 @@ def to_cuda(code: str) -> Result:
     return Result(translate_python(_drop_import(code), M2C, warnings), warnings)
 
 
-def cuda_only(musa: str) -> list[str]:  # noqa: C901
+def _torch_musa_lacks(dotted: str) -> list[str]:
+    """The member of torch.musa or torch.backends that a dotted name reaches, when torch_musa lacks it."""
+    parts = dotted.split(".")
+    if parts[:2] == ["torch", "musa"] and len(parts) > 2 and parts[2] not in TORCH_MUSA_API:
+        return [f"torch.cuda.{parts[2]} (torch.musa has no {parts[2]})"]
+    if parts[:2] == ["torch", "backends"] and len(parts) > 2 and parts[2] in ("musa", "cudnn"):
+        return [f"torch.backends.{'cuda' if parts[2] == 'musa' else 'cudnn'} (no torch_musa counterpart)"]
+    return []
+
+
+def _cuda_package(name: str) -> list[str]:
+    return [f"imports {name} (CUDA-only package)"] if name.split(".")[0] in CUDA_ONLY_PACKAGES else []
+
+
+def _imports_lacking(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """What an import brings in without a MUSA counterpart: torch.musa members, CUDA-only packages."""
+    if isinstance(node, ast.Import):
+        return [x for a in node.names for x in (*_torch_musa_lacks(a.name), *_cuda_package(a.name))]
+    if not node.module or node.level:
+        return []
+    return [*(x for a in node.names for x in _torch_musa_lacks(f"{node.module}.{a.name}")),
+            *_cuda_package(node.module)]
+
+
+def _cuda_literal(node: ast.AST, docstrings: set[int]) -> list[str]:
+    """A CUDA device f-string, or a CUDA environment variable's name (outside docstrings)."""
+    if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) \
+            and re.match(r"cuda\b", str(node.values[0].value)):
+        return [f"a CUDA device f-string at line {node.lineno}"]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+            and re.fullmatch(r"CUDA_\w+", node.value):
+        return [f"{node.value!r} (a CUDA environment variable)"]
+    return []
+
+
+def cuda_only(musa: str) -> list[str]:
     """What the MUSA text still uses that has no MUSA counterpart (empty: nothing)."""
     from musacoder.musa.portability import check
     from musacoder.verifier.static import dotted_name
@@ -102,41 +137,15 @@ def cuda_only(musa: str) -> list[str]:  # noqa: C901
     tree = parse(musa)
     docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
     found: list[str] = []
-
-    def add(what: str):
-        if what not in found:
-            found.append(what)
-
-    def torch_musa_member(dotted: str):
-        parts = dotted.split(".")
-        if parts[:2] == ["torch", "musa"] and len(parts) > 2 and parts[2] not in TORCH_MUSA_API:
-            add(f"torch.cuda.{parts[2]} (torch.musa has no {parts[2]})")
-        elif parts[:2] == ["torch", "backends"] and len(parts) > 2 and parts[2] in ("musa", "cudnn"):
-            add(f"torch.backends.{'cuda' if parts[2] == 'musa' else 'cudnn'} (no torch_musa counterpart)")
-
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
-            torch_musa_member(dotted_name(node) or "")
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                torch_musa_member(f"{node.module}.{a.name}")
-            if node.module.split(".")[0] in CUDA_ONLY_PACKAGES:
-                add(f"imports {node.module} (CUDA-only package)")
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                torch_musa_member(a.name)
-                if a.name.split(".")[0] in CUDA_ONLY_PACKAGES:
-                    add(f"imports {a.name} (CUDA-only package)")
-        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) \
-                and re.match(r"cuda\b", str(node.values[0].value)):
-            add(f"a CUDA device f-string at line {node.lineno}")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
-                and re.fullmatch(r"CUDA_\w+", node.value):
-            add(f"{node.value!r} (a CUDA environment variable)")
-    for f in check(musa):
-        if f.rule in NO_COUNTERPART_RULES:
-            add(f"line {f.line}: {f.reason}")
-    return found
+            found += _torch_musa_lacks(dotted_name(node) or "")
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            found += _imports_lacking(node)
+        else:
+            found += _cuda_literal(node, docstrings)
+    found += [f"line {f.line}: {f.reason}" for f in check(musa) if f.rule in NO_COUNTERPART_RULES]
+    return list(dict.fromkeys(found))  # each once, in the order found
 
 
 _DEVICE_LITERAL = re.compile(r"(?s)([rbuRBU]*)(['\"])cuda(?::\d+)?\2")

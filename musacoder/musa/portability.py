@@ -11,7 +11,9 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 
@@ -71,55 +73,80 @@ _SHARED = re.compile(r"\b__shared__\s+(?:(?:volatile|const|static|alignas\(\d+\)
 _DEVICE_FN = re.compile(r"\b__(?:global|device)__\b[^;{]*\{")
 
 
-def check_cpp(src: str, static_shared_limit: int = 28 * 1024) -> list[Finding]:  # noqa: C901
-    code = _strip(src)
-    consts = _constants(code)
-    out: list[Finding] = []
+def _warp32(code: str) -> Iterator[Finding]:
     for m in _WARP32.finditer(code):
         line = code.splitlines()[_line(code, m.start()) - 1]
         if _LANE_WORDS.search(line):
-            out.append(Finding("warp32", _line(code, m.start()),
-                               f"`{m.group().strip()}` next to thread/lane indices assumes 32-lane warps; MTT S4000 "
-                               "warps have 128 lanes: use warpSize"))
+            yield Finding("warp32", _line(code, m.start()),
+                          f"`{m.group().strip()}` next to thread/lane indices assumes 32-lane warps; MTT S4000 "
+                          "warps have 128 lanes: use warpSize")
+
+
+def _shuffle_widths(code: str, consts: dict[str, int]) -> Iterator[Finding]:
     for m in _SHFL.finditer(code):
         args = _call_args(code, m.end())
         width = args[3].strip() if len(args) >= 4 else None
         if width is None:
-            out.append(Finding("shuffle-width", _line(code, m.start()), "shuffle without an explicit width: on "
-                               "128-lane warps it spans 128 lanes; pass width <= 32 or reduce across groups in "
-                               "shared memory"))
+            yield Finding("shuffle-width", _line(code, m.start()), "shuffle without an explicit width: on "
+                          "128-lane warps it spans 128 lanes; pass width <= 32 or reduce across groups in "
+                          "shared memory")
         elif _eval(width, consts) is not None and _eval(width, consts) > 32:
-            out.append(Finding("shuffle-width", _line(code, m.start()), f"shuffle width {width} over 32"))
+            yield Finding("shuffle-width", _line(code, m.start()), f"shuffle width {width} over 32")
+
+
+def _static_shared(code: str, consts: dict[str, int], limit: int) -> Iterator[Finding]:
+    """Static __shared__ arrays whose size is known (its type's and every dimension's) and over `limit` bytes."""
     for m in _SHARED.finditer(code):
         size = _TYPE_BYTES.get(m.group(1).split("::")[-1])
         dims = [_eval(d, consts) for d in re.findall(r"\[([^\]]+)\]", m.group(2))]
-        if size and all(d is not None for d in dims):
-            total = size
-            for d in dims:
-                total *= d
-            if total > static_shared_limit:
-                out.append(Finding("static-shared", _line(code, m.start()),
-                                   f"static __shared__ array of {total} bytes: mp_21/mp_22 allow "
-                                   f"{static_shared_limit} bytes; use dynamic shared memory"))
+        if not size or any(d is None for d in dims):
+            continue
+        total = size * math.prod(dims)
+        if total > limit:
+            yield Finding("static-shared", _line(code, m.start()),
+                          f"static __shared__ array of {total} bytes: mp_21/mp_22 allow {limit} bytes; use dynamic "
+                          "shared memory")
+
+
+def _ptx(code: str) -> Iterator[Finding]:
     for m in _PTX.finditer(code):
-        out.append(Finding("ptx", _line(code, m.start()), f"`{m.group().strip()}`: NVIDIA-only (PTX or its "
-                           "instructions); MUSA has no PTX"))
+        yield Finding("ptx", _line(code, m.start()), f"`{m.group().strip()}`: NVIDIA-only (PTX or its "
+                      "instructions); MUSA has no PTX")
+
+
+def _arch_guards(code: str) -> Iterator[Finding]:
     for m in _ARCH.finditer(code):
         number = int(m.group(2))
-        known = number in ARCH_THRESHOLDS or number in ARCH_THRESHOLDS.values()
-        if not known:
-            out.append(Finding("arch-guard", _line(code, m.start()), f"arch guard `{m.group().strip()}`: {number} "
-                               "has no MUSA counterpart (known: 800 -> 220, 900 -> 310)"))
-    for rule, rx, why in (("pdl", _PDL, "programmatic dependent launch does not exist on MUSA (a no-op at best)"),
-                          ("cuda-graph", _GRAPH, "graph capture/replay: not part of the MUSA timing path"),
-                          ("nvrtc", _NVRTC, "NVRTC has no MUSA twin: compile with mcc"),
-                          ("smem-optin", _OPTIN, "the opt-in dynamic shared memory attribute is a no-op on MUSA")):
+        if number not in ARCH_THRESHOLDS and number not in ARCH_THRESHOLDS.values():
+            yield Finding("arch-guard", _line(code, m.start()), f"arch guard `{m.group().strip()}`: {number} has no "
+                          "MUSA counterpart (known: 800 -> 220, 900 -> 310)")
+
+
+# constructs MUSA lacks, found by their names alone: (rule, pattern, why)
+_NAMED = (("pdl", _PDL, "programmatic dependent launch does not exist on MUSA (a no-op at best)"),
+          ("cuda-graph", _GRAPH, "graph capture/replay: not part of the MUSA timing path"),
+          ("nvrtc", _NVRTC, "NVRTC has no MUSA twin: compile with mcc"),
+          ("smem-optin", _OPTIN, "the opt-in dynamic shared memory attribute is a no-op on MUSA"))
+
+
+def _named(code: str) -> Iterator[Finding]:
+    for rule, rx, why in _NAMED:
         for m in rx.finditer(code):
-            out.append(Finding(rule, _line(code, m.start()), f"`{m.group()[:40]}`: {why}"))
+            yield Finding(rule, _line(code, m.start()), f"`{m.group()[:40]}`: {why}")
+
+
+def _fp64(code: str) -> Iterator[Finding]:
     for start, end in _device_bodies(code):
         for m in re.finditer(r"\bdouble\b", code[start:end]):
-            out.append(Finding("fp64", _line(code, start + m.start()), "double in device code: MUSA GPUs have no "
-                               "fp64 (torch_musa builds with -mathx-disable-fp64)"))
+            yield Finding("fp64", _line(code, start + m.start()), "double in device code: MUSA GPUs have no fp64 "
+                          "(torch_musa builds with -mathx-disable-fp64)")
+
+
+def check_cpp(src: str, static_shared_limit: int = 28 * 1024) -> list[Finding]:
+    code = _strip(src)
+    consts = _constants(code)
+    out = [*_warp32(code), *_shuffle_widths(code, consts), *_static_shared(code, consts, static_shared_limit),
+           *_ptx(code), *_arch_guards(code), *_named(code), *_fp64(code)]
     return sorted(set(out), key=lambda f: (f.line, f.rule))  # one finding per rule and line
 
 

@@ -92,26 +92,8 @@ class _BodyLimit:
         await self.app(scope, counted, send)
 
 
-def create_app(pool, settings: ServiceSettings | None = None) -> FastAPI:  # noqa: C901
-    """The service around `pool` (which the caller owns and closes)."""
-    settings = settings or ServiceSettings()
-    store = VerdictStore(settings.db_path or pool.cfg.cache_dir / "service.sqlite")
-    metrics = Metrics(pool, lambda: jobs.queue_length)
-    jobs = JobManager(pool, store, settings, on_verdict=metrics.verdict)
-    too_large = f"request body is over the limit of {settings.max_body_mb:g} MiB (max_body_mb)"
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        jobs.start()
-        yield
-        jobs.stop()
-        store.close()
-
-    app = FastAPI(title="MooreEval reward service", version=__version__, lifespan=lifespan)
-    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes, message=too_large)
-    app.add_middleware(metrics.middleware)
-    app.state.jobs, app.state.metrics = jobs, metrics
-
+def _error_handlers(app: FastAPI, settings: ServiceSettings) -> None:
+    """422 for a task that does not load; for a full queue, 429 with Retry-After (413 when it never fits)."""
     @app.exception_handler(TaskLoadError)
     async def bad_task(request: Request, exc: TaskLoadError):
         return JSONResponse({"detail": str(exc)}, status_code=422)
@@ -123,6 +105,9 @@ def create_app(pool, settings: ServiceSettings | None = None) -> FastAPI:  # noq
         return JSONResponse({"detail": str(exc)}, status_code=429,
                             headers={"Retry-After": str(settings.retry_after_s)})
 
+
+def _token_check(settings: ServiceSettings):
+    """The dependency that refuses a request without the service's bearer token (none configured: no check)."""
     bearer = HTTPBearer(auto_error=False)
 
     def require_token(creds: HTTPAuthorizationCredentials | None = Depends(bearer)):
@@ -131,6 +116,11 @@ def create_app(pool, settings: ServiceSettings | None = None) -> FastAPI:  # noq
         if creds is None or not hmac.compare_digest(creds.credentials.encode(), settings.token.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
+    return require_token
+
+
+def _v1_router(jobs: JobManager, store: VerdictStore, metrics: Metrics, settings: ServiceSettings,
+               require_token) -> APIRouter:
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
 
     @v1.post("/jobs", summary="Submit one verification")
@@ -164,18 +154,24 @@ def create_app(pool, settings: ServiceSettings | None = None) -> FastAPI:  # noq
         ids = await run_in_threadpool(store.get_batch, batch_id)
         if ids is None:
             raise HTTPException(404, f"unknown batch {batch_id}")
+        return StreamingResponse(_verdict_lines(jobs, ids), media_type="application/x-ndjson")
 
-        async def lines():
-            async for i, jid, verdict in jobs.stream(ids):
-                line = {"index": i, "job_id": jid}
-                if verdict is None:
-                    line["error"] = "unknown job (unfinished when the service restarted): resubmit the batch"
-                else:
-                    line["verdict"] = verdict.to_dict()
-                yield json.dumps(line) + "\n"
+    return v1
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
 
+async def _verdict_lines(jobs: JobManager, ids: list[str]):
+    async for i, jid, verdict in jobs.stream(ids):
+        line = {"index": i, "job_id": jid}
+        if verdict is None:
+            line["error"] = "unknown job (unfinished when the service restarted): resubmit the batch"
+        else:
+            line["verdict"] = verdict.to_dict()
+        yield json.dumps(line) + "\n"
+
+
+def _operator_routes(app: FastAPI, pool, jobs: JobManager, metrics: Metrics, settings: ServiceSettings,
+                     require_token) -> None:
+    """/healthz (no auth) and /metrics."""
     @app.get("/healthz", summary="Liveness and readiness (no auth)")
     async def healthz():
         hello = pool.wait_ready(timeout=0)
@@ -189,7 +185,30 @@ def create_app(pool, settings: ServiceSettings | None = None) -> FastAPI:  # noq
     async def prometheus():
         return Response(await run_in_threadpool(metrics.render), media_type="text/plain; version=0.0.4")
 
-    app.include_router(v1)
+
+def create_app(pool, settings: ServiceSettings | None = None) -> FastAPI:
+    """The service around `pool` (which the caller owns and closes)."""
+    settings = settings or ServiceSettings()
+    store = VerdictStore(settings.db_path or pool.cfg.cache_dir / "service.sqlite")
+    metrics = Metrics(pool, lambda: jobs.queue_length)
+    jobs = JobManager(pool, store, settings, on_verdict=metrics.verdict)
+    too_large = f"request body is over the limit of {settings.max_body_mb:g} MiB (max_body_mb)"
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        jobs.start()
+        yield
+        jobs.stop()
+        store.close()
+
+    app = FastAPI(title="MooreEval reward service", version=__version__, lifespan=lifespan)
+    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes, message=too_large)
+    app.add_middleware(metrics.middleware)
+    app.state.jobs, app.state.metrics = jobs, metrics
+    _error_handlers(app, settings)
+    require_token = _token_check(settings)
+    _operator_routes(app, pool, jobs, metrics, settings, require_token)
+    app.include_router(_v1_router(jobs, store, metrics, settings, require_token))
     from musacoder.service.kernelgym import (
         kernelgym_router,  # KernelGYM's reward-server API (docs/ecosystem-kernelgym.md)
     )

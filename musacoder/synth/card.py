@@ -305,64 +305,86 @@ def _sorted(c: Counter) -> dict:
     return dict(c.most_common())
 
 
-def counts(scans: list[Scan]) -> dict:  # noqa: C901
-    """Everything the card says, as JSON-ready counts."""
-    of = defaultdict(list)
-    for s in scans:
-        if not s.copy_of:
-            of[s.role].append(s)
-    tasks = [r for s in of["tasks"] for r in s.records]
-    dropped = [r for s in of["dropped"] for r in s.records]
-    sols = [r for s in of["solutions"] for r in s.records]
-    sft = [(s, r) for s in of["sft"] for r in s.records]
+@dataclass
+class _Records:
+    """What the counts are over: the files of each role, decontaminated copies left out, and their records."""
 
+    of: dict[str, list[Scan]]
+    tasks: list[dict]
+    dropped: list[dict]
+    sols: list[dict]
+    sft: list[tuple[Scan, dict]]
+    judged: list[dict]
+    reports: list[Scan]
+
+    @classmethod
+    def of_scans(cls, scans: list[Scan]) -> _Records:
+        of = defaultdict(list)
+        for s in scans:
+            if not s.copy_of:
+                of[s.role].append(s)
+        return cls(of, tasks=[r for s in of["tasks"] for r in s.records],
+                   dropped=[r for s in of["dropped"] for r in s.records],
+                   sols=[r for s in of["solutions"] for r in s.records],
+                   sft=[(s, r) for s in of["sft"] for r in s.records],
+                   judged=[r for s in of["judged"] for r in s.records],
+                   reports=[s for s in of["decontam"] if s.report])
+
+
+def _stages(rd: _Records) -> tuple[dict, dict]:
+    """Per stage: its records, kept and dropped; and its drop reasons."""
     stages, reasons = {}, {}
     for stage in ("tasks", "variants"):
-        kept = [r for r in tasks if (r["source"] == "variants") == (stage == "variants")]
-        lost = [r for r in dropped if (r["source"] == "variants") == (stage == "variants")]
+        kept = [r for r in rd.tasks if (r["source"] == "variants") == (stage == "variants")]
+        lost = [r for r in rd.dropped if (r["source"] == "variants") == (stage == "variants")]
         if kept or lost:
             stages[stage] = {"records": len(kept) + len(lost), "kept": len(kept), "dropped": len(lost)}
             reasons[stage] = _sorted(Counter(p for r in lost for p in r["problems"]))
-    if of["solutions"]:
-        ok = sum(r["status"] == "ok" for r in sols)
-        stages["solve"] = {"records": len(sols), "kept": ok, "dropped": len(sols) - ok}
+    if rd.of["solutions"]:
+        ok = sum(r["status"] == "ok" for r in rd.sols)
+        stages["solve"] = {"records": len(rd.sols), "kept": ok, "dropped": len(rd.sols) - ok}
         reasons["solve"] = _sorted(Counter(f"{r['status']}: {r['reason']}" if r["status"] in NO_CANDIDATE
-                                           else r["status"] for r in sols if r["status"] != "ok"))
+                                           else r["status"] for r in rd.sols if r["status"] != "ok"))
     judged_by: dict[str, list] = defaultdict(list)  # the stage is the file: mutants (repair), rewrite_pairs, ...
-    for s in of["judged"]:
+    for s in rd.of["judged"]:
         judged_by[s.path.stem] += s.records
     for stage, rs in judged_by.items():
         kept = sum(r["kept"] for r in rs)
         stages[stage] = {"records": len(rs), "kept": kept, "dropped": len(rs) - kept}
         reasons[stage] = _sorted(Counter(r["dropped"] for r in rs if not r["kept"]))
-    reports = [s for s in of["decontam"] if s.report]
-    if reports:
-        stages["decontam"] = {k: sum(s.report[k] for s in reports) for k in ("records", "kept", "dropped")}
+    if rd.reports:
+        stages["decontam"] = {k: sum(s.report[k] for s in rd.reports) for k in ("records", "kept", "dropped")}
         first = Counter()
-        for s in reports:
+        for s in rd.reports:
             first.update({d: n for d, n in s.report["dropped_by_first_detector"].items() if n})
         reasons["decontam"] = _sorted(first)
+    return stages, reasons
 
-    # families: of kept tasks per source, of dropped tasks, and of training records through their task
-    fam_of = {r["key"]: r["families"] for r in tasks}
+
+def _families(rd: _Records) -> dict:
+    """Operator families: of kept tasks per source, of dropped tasks, and of training records through their task."""
+    fam_of = {r["key"]: r["families"] for r in rd.tasks}
     kept_fam: dict[str, Counter] = defaultdict(Counter)
-    for r in tasks:
+    for r in rd.tasks:
         for f in r["families"]:
             kept_fam[f][r["source"]] += 1
-    lost_fam = Counter(f for r in dropped for f in r["families"])
-    rec_fam = Counter(f for _, r in sft for f in fam_of.get(r["task"], ["(task not in these files)"]))
-    families = {f: {"kept": dict(kept_fam.get(f, {})), "dropped": lost_fam.get(f, 0), "records": rec_fam.get(f, 0)}
-                for f in sorted(set(kept_fam) | set(lost_fam) | set(rec_fam),
-                                key=lambda f: -sum(kept_fam.get(f, {}).values()) - rec_fam.get(f, 0))}
+    lost_fam = Counter(f for r in rd.dropped for f in r["families"])
+    rec_fam = Counter(f for _, r in rd.sft for f in fam_of.get(r["task"], ["(task not in these files)"]))
+    return {f: {"kept": dict(kept_fam.get(f, {})), "dropped": lost_fam.get(f, 0), "records": rec_fam.get(f, 0)}
+            for f in sorted(set(kept_fam) | set(lost_fam) | set(rec_fam),
+                            key=lambda f: -sum(kept_fam.get(f, {}).values()) - rec_fam.get(f, 0))}
 
+
+def _backends(rd: _Records) -> dict:
+    """Backends of the solutions, the training records and the judged items."""
     # a training record's backend: its metadata, else the solution or mutant it came from in its own directory
     sol_backend: dict[tuple, set] = defaultdict(set)
-    for s in of["solutions"]:
+    for s in rd.of["solutions"]:
         for r in s.records:
             if r["status"] == "ok":
                 sol_backend[(s.path.parent, r["task"], r["teacher"])].add(r["backend"])
     mut_backend = {(s.path.parent, r["mutant"]): r["backend"] or r["verdict_backend"]
-                   for s in of["judged"] for r in s.records if r["mutant"]}
+                   for s in rd.of["judged"] for r in s.records if r["mutant"]}
 
     def backend(s: Scan, r: dict) -> str:
         if r["backend"]:
@@ -372,11 +394,13 @@ def counts(scans: list[Scan]) -> dict:  # noqa: C901
             return next(iter(found))
         return str(mut_backend.get((s.path.parent, r["mutant"])) or UNKNOWN)
 
-    judged = [r for s in of["judged"] for r in s.records]
-    backends = {"solutions": _sorted(Counter(r["backend"] for r in sols)),
-                "records": _sorted(Counter(backend(s, r) for s, r in sft)),
-                "judged": _sorted(Counter(str(r["backend"] or r["verdict_backend"] or UNKNOWN) for r in judged))}
+    return {"solutions": _sorted(Counter(r["backend"] for r in rd.sols)),
+            "records": _sorted(Counter(backend(s, r) for s, r in rd.sft)),
+            "judged": _sorted(Counter(str(r["backend"] or r["verdict_backend"] or UNKNOWN) for r in rd.judged))}
 
+
+def _verifier(sols: list[dict]) -> list[dict]:
+    """Per teacher and backend: the tries, their verdicts and the pass rate."""
     per: dict[tuple, Counter] = defaultdict(Counter)
     for r in sols:
         per[(r["teacher"], r["backend"])][r["status"]] += 1
@@ -388,34 +412,45 @@ def counts(scans: list[Scan]) -> dict:  # noqa: C901
         verifier.append({"teacher": teacher, "backend": be, "records": tries, "no_candidate": none,
                          "verified": verified, "ok": st["ok"], "pass_rate": st["ok"] / verified if verified else None,
                          "status": _sorted(st)})
+    return verifier
+
+
+def _operators(judged: list[dict]) -> dict:
+    """Per mutation operator: its items kept and dropped."""
     operators: dict[str, Counter] = defaultdict(Counter)
     for r in judged:
         if r["operator"]:
             operators[str(r["operator"])]["kept" if r["kept"] else "dropped"] += 1
+    return {k: dict(v) for k, v in sorted(operators.items())}
 
-    decontam = []
-    for s in reports:
-        rep = s.report
-        decontam.append({"path": str(s.path), "input": rep.get("input"), "against": rep.get("against"),
-                         "eval_tasks": rep.get("eval_tasks"), "records": rep["records"], "kept": rep["kept"],
-                         "dropped": rep["dropped"], "unchecked": rep.get("unchecked"),
-                         "matched_by_detector": rep["matched_by_detector"],
-                         "dropped_by_first_detector": rep["dropped_by_first_detector"],
-                         "per_eval_task": _dict(rep.get("per_eval_task")),
-                         "dropped_records": [{"name": d.get("name"), "reason": d.get("reason"),
-                                              "eval_tasks": sorted({m.get("eval_task") for m in d.get("matches", [])
-                                                                    if isinstance(m, dict)})}
-                                             for d in rep.get("dropped_records", []) if isinstance(d, dict)],
-                         "near_misses": len(rep.get("near_misses") or []),
-                         "not_applied": len(rep.get("record_problems") or []) + len(rep.get("eval_problems") or [])})
 
+def _decontam(s: Scan) -> dict:
+    """One decontam report's numbers, and the eval tasks each record it dropped matched."""
+    rep = s.report
+    return {"path": str(s.path), "input": rep.get("input"), "against": rep.get("against"),
+            "eval_tasks": rep.get("eval_tasks"), "records": rep["records"], "kept": rep["kept"],
+            "dropped": rep["dropped"], "unchecked": rep.get("unchecked"),
+            "matched_by_detector": rep["matched_by_detector"],
+            "dropped_by_first_detector": rep["dropped_by_first_detector"],
+            "per_eval_task": _dict(rep.get("per_eval_task")),
+            "dropped_records": [{"name": d.get("name"), "reason": d.get("reason"),
+                                 "eval_tasks": sorted({m.get("eval_task") for m in d.get("matches", [])
+                                                       if isinstance(m, dict)})}
+                                for d in rep.get("dropped_records", []) if isinstance(d, dict)],
+            "near_misses": len(rep.get("near_misses") or []),
+            "not_applied": len(rep.get("record_problems") or []) + len(rep.get("eval_problems") or [])}
+
+
+def _provenance(rd: _Records) -> dict:
+    """Where the data came from: teachers, sources, seeds, specs, prompts, versions and devices."""
+    tasks, dropped, sols, sft, judged = rd.tasks, rd.dropped, rd.sols, rd.sft, rd.judged
     seeds = defaultdict(list)
     for r in tasks + dropped:
         seeds[r["source"]].append(r["seed"])
-    for s in of["judged"]:
+    for s in rd.of["judged"]:
         seeds[s.path.stem] += [r["seed"] for r in s.records]
     versions = Counter(r["versions"] for r in sols + judged if r["versions"])
-    provenance = {
+    return {
         "teachers": _sorted(Counter(r["teacher"] for r in sols)),
         "record_sources": _sorted(Counter(r["teacher"] for _, r in sft)),
         "task_sources": {src: {"kept": sum(r["source"] == src for r in tasks),
@@ -429,17 +464,23 @@ def counts(scans: list[Scan]) -> dict:  # noqa: C901
         "versions": [{"versions": json.loads(v), "verdicts": n} for v, n in versions.most_common()],
         "devices": _sorted(Counter(r["device"] for r in sols + judged if r["device"])),
     }
+
+
+def counts(scans: list[Scan]) -> dict:
+    """Everything the card says, as JSON-ready counts."""
+    rd = _Records.of_scans(scans)
+    stages, reasons = _stages(rd)
     files = [{"path": str(s.path), "role": s.role, "copy_of": s.copy_of, "lines": s.lines,
               "records": len(s.records) + bool(s.report),
               "not_read": {why: {"lines": n, "first_line": s.first[why]} for why, n in s.problems.items()}}
              for s in scans]
     return {"files": files, "missing": _missing(scans), "stages": stages, "drop_reasons": reasons,
-            "kinds": {"total": _sorted(Counter(r["kind"] for _, r in sft)),
-                      "per_file": {str(s.path): _sorted(Counter(r["kind"] for r in s.records)) for s in of["sft"]}},
-            "families": families, "backends": backends, "verifier": verifier,
-            "solution_status": _sorted(Counter(r["status"] for r in sols)),
-            "operators": {k: dict(v) for k, v in sorted(operators.items())}, "decontam": decontam,
-            "provenance": provenance}
+            "kinds": {"total": _sorted(Counter(r["kind"] for _, r in rd.sft)),
+                      "per_file": {str(s.path): _sorted(Counter(r["kind"] for r in s.records)) for s in rd.of["sft"]}},
+            "families": _families(rd), "backends": _backends(rd), "verifier": _verifier(rd.sols),
+            "solution_status": _sorted(Counter(r["status"] for r in rd.sols)),
+            "operators": _operators(rd.judged), "decontam": [_decontam(s) for s in rd.reports],
+            "provenance": _provenance(rd)}
 
 
 # ---- card.md and plots ---------------------------------------------------------------------------------------------
@@ -563,7 +604,8 @@ def _more(lines: list[str], total: int) -> list[str]:
     return lines + ([f"- ... and {total - len(lines)} more (all of them in `--json`)"] if total > len(lines) else [])
 
 
-def render(c: dict, plots: list[str], inputs: list[str]) -> str:  # noqa: C901
+def _files_md(c: dict, inputs: list[str]) -> list[str]:
+    """The card's head: what was read, the files, their lines not read, the files missing."""
     files = c["files"]
     unread = sum(p["lines"] for f in files for p in f["not_read"].values())
     cut = sum(f["not_read"].get(CUT, {}).get("lines", 0) for f in files)
@@ -584,61 +626,99 @@ def render(c: dict, plots: list[str], inputs: list[str]) -> str:  # noqa: C901
         parts += ["## Lines not read", "", _table(["file", "first line", "lines", "why"], problems), ""]
     if c["missing"]:
         parts += ["## Missing files", "", *[f"- `{m['path']}`: {m['why']}" for m in c["missing"]], ""]
-    if st := c["stages"]:
-        parts += ["## Stages", "", _table(["stage", "records", "kept", "dropped", "kept %"],
-                                          [[k, str(v["records"]), str(v["kept"]), str(v["dropped"]),
-                                            _rate(v["kept"], v["records"])] for k, v in st.items()]),
-                  "", "solve: every try with its verdict, kept = `ok`; mutants: a kept mutant is one that fails "
-                      "(it becomes repair and reviewer records).", ""]
-    if kinds := c["kinds"]["total"]:
-        per = c["kinds"]["per_file"]
-        parts += ["## Training records per kind", "",
-                  _table(["file"] + list(kinds), [[f"`{p}`"] + [str(k.get(kind, 0)) for kind in kinds]
-                                                  for p, k in per.items()]
-                         + [["total"] + [str(n) for n in kinds.values()]]),
-                  ""]
+    return parts
+
+
+def _stages_md(c: dict) -> list[str]:
+    if not (st := c["stages"]):
+        return []
+    return ["## Stages", "", _table(["stage", "records", "kept", "dropped", "kept %"],
+                                    [[k, str(v["records"]), str(v["kept"]), str(v["dropped"]),
+                                      _rate(v["kept"], v["records"])] for k, v in st.items()]),
+            "", "solve: every try with its verdict, kept = `ok`; mutants: a kept mutant is one that fails "
+                "(it becomes repair and reviewer records).", ""]
+
+
+def _kinds_md(c: dict) -> list[str]:
+    if not (kinds := c["kinds"]["total"]):
+        return []
+    per = c["kinds"]["per_file"]
+    return ["## Training records per kind", "",
+            _table(["file"] + list(kinds), [[f"`{p}`"] + [str(k.get(kind, 0)) for kind in kinds]
+                                            for p, k in per.items()]
+                   + [["total"] + [str(n) for n in kinds.values()]]),
+            ""]
+
+
+def _sources_md(c: dict) -> list[str]:
     prov = c["provenance"]
-    if prov["task_sources"] or prov["record_sources"]:
-        parts += ["## Sources", ""]
-        if prov["task_sources"]:
-            parts += [_table(["task source", "kept", "dropped"], [[k, str(v["kept"]), str(v["dropped"])]
-                                                                  for k, v in prov["task_sources"].items()]), ""]
-        if prov["record_sources"]:
-            parts += [_counter_table("training records from (teacher or source)", prov["record_sources"],
-                                     "records"), ""]
-    if fams := c["families"]:
-        sources = list(dict.fromkeys(s for v in fams.values() for s in v["kept"]))
-        parts += ["## Operator families", "",
-                  _table(["family"] + [f"kept: {s}" for s in sources] + ["dropped tasks", "training records"],
-                         [[f] + [str(v["kept"].get(s, 0)) for s in sources] + [str(v["dropped"]), str(v["records"])]
-                          for f, v in fams.items()]),
-                  "", "A task counts once in each family of the aten ops it runs; a training record counts in its "
-                      "task's families when the task is in these files.", ""]
+    if not (prov["task_sources"] or prov["record_sources"]):
+        return []
+    parts = ["## Sources", ""]
+    if prov["task_sources"]:
+        parts += [_table(["task source", "kept", "dropped"], [[k, str(v["kept"]), str(v["dropped"])]
+                                                              for k, v in prov["task_sources"].items()]), ""]
+    if prov["record_sources"]:
+        parts += [_counter_table("training records from (teacher or source)", prov["record_sources"], "records"), ""]
+    return parts
+
+
+def _families_md(c: dict) -> list[str]:
+    if not (fams := c["families"]):
+        return []
+    sources = list(dict.fromkeys(s for v in fams.values() for s in v["kept"]))
+    return ["## Operator families", "",
+            _table(["family"] + [f"kept: {s}" for s in sources] + ["dropped tasks", "training records"],
+                   [[f] + [str(v["kept"].get(s, 0)) for s in sources] + [str(v["dropped"]), str(v["records"])]
+                    for f, v in fams.items()]),
+            "", "A task counts once in each family of the aten ops it runs; a training record counts in its "
+                "task's families when the task is in these files.", ""]
+
+
+def _backends_md(c: dict) -> list[str]:
     be = c["backends"]
-    if any(be.values()):
-        names = list(dict.fromkeys(b for v in be.values() for b in v))
-        parts += ["## Backends", "", _table(["backend", "solutions", "training records", "judged items"],
-                                            [[b, str(be["solutions"].get(b, 0)), str(be["records"].get(b, 0)),
-                                              str(be["judged"].get(b, 0))] for b in names]), ""]
-    if ver := c["verifier"]:
-        statuses = list(c["solution_status"])
-        parts += ["## Verifier", "", _table(
-            ["teacher", "backend", "tries", "no candidate", "verified", "ok", "pass rate %"],
-            [[_cell(v["teacher"], 50), v["backend"], str(v["records"]), str(v["no_candidate"]), str(v["verified"]),
-              str(v["ok"]), pct(v["pass_rate"])] for v in ver]),
-            "", "Pass rate: `ok` among the verified tries (a multi-turn sample counts each turn); no candidate: the "
-                "teacher gave nothing to verify.", "",
-            _table(["status"] + [f"{_cell(v['teacher'], 30)} @ {v['backend']}" for v in ver],
-                   [[s] + [str(v["status"].get(s, 0)) for v in ver] for s in statuses]), ""]
-    if ops := c["operators"]:
-        parts += [_table(["mutation operator", "kept (fails)", "dropped"],
-                         [[k, str(v.get("kept", 0)), str(v.get("dropped", 0))] for k, v in ops.items()]), ""]
-    if any(c["drop_reasons"].values()):
-        parts += ["## Drop reasons", "", "A dropped task counts once for each of its reasons; decontam: the strongest "
-                  "detector that matched.", ""]
-        for stage, rs in c["drop_reasons"].items():
-            if rs:
-                parts += [f"### {stage}", "", _counter_table("reason", rs), ""]
+    if not any(be.values()):
+        return []
+    names = list(dict.fromkeys(b for v in be.values() for b in v))
+    return ["## Backends", "", _table(["backend", "solutions", "training records", "judged items"],
+                                      [[b, str(be["solutions"].get(b, 0)), str(be["records"].get(b, 0)),
+                                        str(be["judged"].get(b, 0))] for b in names]), ""]
+
+
+def _verifier_md(c: dict) -> list[str]:
+    if not (ver := c["verifier"]):
+        return []
+    statuses = list(c["solution_status"])
+    return ["## Verifier", "", _table(
+        ["teacher", "backend", "tries", "no candidate", "verified", "ok", "pass rate %"],
+        [[_cell(v["teacher"], 50), v["backend"], str(v["records"]), str(v["no_candidate"]), str(v["verified"]),
+          str(v["ok"]), pct(v["pass_rate"])] for v in ver]),
+        "", "Pass rate: `ok` among the verified tries (a multi-turn sample counts each turn); no candidate: the "
+            "teacher gave nothing to verify.", "",
+        _table(["status"] + [f"{_cell(v['teacher'], 30)} @ {v['backend']}" for v in ver],
+               [[s] + [str(v["status"].get(s, 0)) for v in ver] for s in statuses]), ""]
+
+
+def _operators_md(c: dict) -> list[str]:
+    if not (ops := c["operators"]):
+        return []
+    return [_table(["mutation operator", "kept (fails)", "dropped"],
+                   [[k, str(v.get("kept", 0)), str(v.get("dropped", 0))] for k, v in ops.items()]), ""]
+
+
+def _drops_md(c: dict) -> list[str]:
+    if not any(c["drop_reasons"].values()):
+        return []
+    parts = ["## Drop reasons", "", "A dropped task counts once for each of its reasons; decontam: the strongest "
+             "detector that matched.", ""]
+    for stage, rs in c["drop_reasons"].items():
+        if rs:
+            parts += [f"### {stage}", "", _counter_table("reason", rs), ""]
+    return parts
+
+
+def _decontam_md(c: dict) -> list[str]:
+    parts = []
     for d in c["decontam"]:
         dets = list(d["matched_by_detector"])
         lines = [f"- `{r['name']}`: {r['reason']} ({', '.join(map(str, r['eval_tasks']))})"
@@ -652,6 +732,11 @@ def render(c: dict, plots: list[str], inputs: list[str]) -> str:  # noqa: C901
                   _table(["detector", "matched", "dropped (first reason)"],
                          [[k, str(d["matched_by_detector"].get(k, 0)), str(d["dropped_by_first_detector"].get(k, 0))]
                           for k in dets]), "", *_more(lines, len(d["dropped_records"])), ""]
+    return parts
+
+
+def _twins_md(c: dict) -> list[str]:
+    parts = []
     for t in c.get("eval_twins", []):
         lines = [f"- `{r['record']}`: {', '.join(r['eval_tasks'])}" for r in t["twin_records"][:SHOWN]]
         parts += [f"## Eval twins: `{t['eval']}`", "",
@@ -661,7 +746,11 @@ def render(c: dict, plots: list[str], inputs: list[str]) -> str:  # noqa: C901
                   + f"; {len(t['eval_tasks_copied'])} eval tasks are copied"
                   + (": " + ", ".join(t["eval_tasks_copied"][:SHOWN]) if t["eval_tasks_copied"] else "") + ".", "",
                   *_more(lines, len(t["twin_records"])), ""]
-    parts += ["## Provenance", ""]
+    return parts
+
+
+def _provenance_md(c: dict) -> list[str]:
+    prov = c["provenance"]
     bullets = []
     if prov["teachers"]:
         bullets.append("teachers (solutions tried): " + ", ".join(f"`{k}` {v}" for k, v in prov["teachers"].items()))
@@ -682,8 +771,19 @@ def render(c: dict, plots: list[str], inputs: list[str]) -> str:  # noqa: C901
         bullets.append("versions: not recorded in any verdict")
     if prov["devices"]:
         bullets.append("devices: " + ", ".join(f"{k} ({v} verdicts)" for k, v in prov["devices"].items()))
-    parts += [f"- {b}" for b in bullets] or ["Nothing recorded."]
-    parts += [""]
+    return ["## Provenance", "", *([f"- {b}" for b in bullets] or ["Nothing recorded."]), ""]
+
+
+# card.md's sections after its head, in order; each is empty when it has nothing to show
+_SECTIONS = (_stages_md, _kinds_md, _sources_md, _families_md, _backends_md, _verifier_md, _operators_md, _drops_md,
+             _decontam_md, _twins_md, _provenance_md)
+
+
+def render(c: dict, plots: list[str], inputs: list[str]) -> str:
+    """card.md: its head, the sections with something to show, the plots."""
+    parts = _files_md(c, inputs)
+    for section in _SECTIONS:
+        parts += section(c)
     if plots:
         parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     return "\n".join(parts)

@@ -801,7 +801,69 @@ def _hf_config_kwargs(config_cls) -> dict[str, str]:
     return out
 
 
-def _hf_block(t: _Task, cls_name: str, mod, config_cls, block: str):  # noqa: C901
+# a block constructor's parameter -> what Model passes for it (any other parameter must have a default)
+_HF_INIT_ARGS = {"config": "config", "hidden_size": "hidden_size", "dim": "hidden_size",
+                 "normalized_shape": "hidden_size", "d_model": "hidden_size", "intermediate_size": "intermediate_size",
+                 "layer_idx": "layer_idx=0"}
+
+
+def _hf_init_args(cls, cls_name: str) -> list[str]:
+    """The block's constructor arguments, as Model passes them."""
+    args = []
+    for p, par in list(inspect.signature(cls.__init__).parameters.items())[1:]:
+        if p in _HF_INIT_ARGS:
+            args.append(_HF_INIT_ARGS[p])
+        elif par.default is inspect.Parameter.empty and par.kind not in (par.VAR_KEYWORD, par.VAR_POSITIONAL):
+            raise CannotBuild(f"cannot build: {cls_name}.__init__ needs {p!r}")
+    return args
+
+
+def _hf_rotary(cls_name: str, mod, config_cls, block: str, forward) -> str:
+    """The rotary embedding class the task builds: the block itself for the rotary task, the architecture's one
+    for a block whose forward wants position_embeddings, else none ("")."""
+    if block == "rotary":
+        return cls_name
+    if "position_embeddings" not in forward:
+        return ""
+    rotary = f"{config_cls.__name__.removesuffix('Config')}RotaryEmbedding"
+    if not hasattr(mod, rotary):
+        raise CannotBuild(f"cannot build: forward wants position_embeddings and there is no {rotary}")
+    return rotary
+
+
+def _hf_params(t: _Task, used: str, heads: str, hd: str) -> None:
+    """Model's arguments: those of the standard sizes that `used` (the config and the constructor) reads."""
+    for name, value in (("hidden_size", E(f"{heads} * {hd}")), ("num_heads", heads), ("head_dim", hd),
+                        ("num_kv_heads", lambda: t.const("num_kv_heads", 2)),
+                        ("intermediate_size", lambda: t.dim("intermediate_size", (128, 256, 512), least=16))):
+        if re.search(rf"\b{name}\b", used):
+            t.param(name, value() if callable(value) else value)
+
+
+def _hf_rotary_forward(t: _Task, b: str, heads: str, s: str, hd: str) -> None:
+    """apply_rotary_pos_emb on q and k with the cos/sin of the rotary embedding at their positions."""
+    kv = t.const("num_kv_heads", 2)
+    q, k = t.rand("q", (b, heads, s, hd)), t.rand("k", (b, kv, s, hd))
+    t.body += [f"positions = torch.arange({q}.shape[2], device={q}.device).unsqueeze(0)",
+               f"cos, sin = self.rotary({q}, positions)"]
+    t.out = f"apply_rotary_pos_emb({q}, {k}, cos, sin)"
+
+
+def _hf_layer_forward(t: _Task, b: str, heads: str, s: str, hd: str, rotary: str, block: str, forward) -> None:
+    """The block on hidden states, with the rotary embedding of their positions when it wants one."""
+    x = t.rand("x", (b, s, f"{heads} * {hd}"))
+    call = [x]
+    if rotary:
+        t.body += [f"positions = torch.arange({x}.shape[1], device={x}.device).unsqueeze(0)",
+                   f"rope = self.rotary({x}, positions)"]
+        call.append("position_embeddings=rope")
+    if block in ("Attention", "DecoderLayer") and "attention_mask" in forward:
+        call.append("attention_mask=None")
+    t.body.append(f"out = self.layer({', '.join(call)})")
+    t.out = "out[0] if isinstance(out, tuple) else out"  # attention returns (output, weights) in most versions
+
+
+def _hf_block(t: _Task, cls_name: str, mod, config_cls, block: str):
     """A block built from a tiny config; `rotary` is the module's apply_rotary_pos_emb on q and k with the cos/sin
     of its rotary embedding (computed in forward from the positions)."""
     keys = _hf_config_kwargs(config_cls)
@@ -811,21 +873,8 @@ def _hf_block(t: _Task, cls_name: str, mod, config_cls, block: str):  # noqa: C9
         keys = {k: v for k, v in keys.items() if v != "intermediate_size"}
     cls = getattr(mod, cls_name)
     forward = inspect.signature(cls.forward).parameters
-    rotary = cls_name if block == "rotary" else ""
-    if block != "rotary" and "position_embeddings" in forward:
-        rotary = f"{config_cls.__name__.removesuffix('Config')}RotaryEmbedding"
-        if not hasattr(mod, rotary):
-            raise CannotBuild(f"cannot build: forward wants position_embeddings and there is no {rotary}")
-    args = []  # the block's constructor arguments (the rotary task builds only the embedding)
-    for p, par in list(inspect.signature(cls.__init__).parameters.items())[1:] if block != "rotary" else []:
-        if p == "config":
-            args.append("config")
-        elif p in ("hidden_size", "dim", "normalized_shape", "d_model", "intermediate_size"):
-            args.append("intermediate_size" if p == "intermediate_size" else "hidden_size")
-        elif p == "layer_idx":
-            args.append("layer_idx=0")
-        elif par.default is inspect.Parameter.empty and par.kind not in (par.VAR_KEYWORD, par.VAR_POSITIONAL):
-            raise CannotBuild(f"cannot build: {cls_name}.__init__ needs {p!r}")
+    rotary = _hf_rotary(cls_name, mod, config_cls, block, forward)
+    args = [] if block == "rotary" else _hf_init_args(cls, cls_name)  # the rotary task builds only the embedding
     setup = []
     if rotary or "config" in args:
         sdpa = ", attn_implementation='sdpa'" if block in ("Attention", "DecoderLayer") else ""
@@ -840,30 +889,12 @@ def _hf_block(t: _Task, cls_name: str, mod, config_cls, block: str):  # noqa: C9
     b = t.batch()
     heads, hd = t.const("num_heads", 4), t.dim("head_dim", (16, 32), scaled=False)  # even: rotary rotates pairs
     s = t.dim("seq_len", (16, 32, 64), least=8)
-    used = " ".join(setup)  # Model's arguments: what the config and the constructor read
-    for name, value in (("hidden_size", E(f"{heads} * {hd}")), ("num_heads", heads), ("head_dim", hd),
-                        ("num_kv_heads", lambda: t.const("num_kv_heads", 2)),
-                        ("intermediate_size", lambda: t.dim("intermediate_size", (128, 256, 512), least=16))):
-        if re.search(rf"\b{name}\b", used):
-            t.param(name, value() if callable(value) else value)
+    _hf_params(t, " ".join(setup), heads, hd)
     t.setup += setup
     if block == "rotary":
-        kv = t.const("num_kv_heads", 2)
-        q, k = t.rand("q", (b, heads, s, hd)), t.rand("k", (b, kv, s, hd))
-        t.body += [f"positions = torch.arange({q}.shape[2], device={q}.device).unsqueeze(0)",
-                   f"cos, sin = self.rotary({q}, positions)"]
-        t.out = f"apply_rotary_pos_emb({q}, {k}, cos, sin)"
-        return
-    x = t.rand("x", (b, s, f"{heads} * {hd}"))
-    call = [x]
-    if rotary:
-        t.body += [f"positions = torch.arange({x}.shape[1], device={x}.device).unsqueeze(0)",
-                   f"rope = self.rotary({x}, positions)"]
-        call.append("position_embeddings=rope")
-    if block in ("Attention", "DecoderLayer") and "attention_mask" in forward:
-        call.append("attention_mask=None")
-    t.body.append(f"out = self.layer({', '.join(call)})")
-    t.out = "out[0] if isinstance(out, tuple) else out"  # attention returns (output, weights) in most versions
+        _hf_rotary_forward(t, b, heads, s, hd)
+    else:
+        _hf_layer_forward(t, b, heads, s, hd, rotary, block, forward)
 
 
 def _transformers(spec: HarvestSpec, unavailable: dict) -> list[Harvested]:

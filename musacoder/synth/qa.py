@@ -254,7 +254,102 @@ def _append(path: Path):
     return open(path, "a")
 
 
-def qa_records(materials: Iterable[Material], out_dir: Path, client: Client, teacher: str, backend: str,  # noqa: C901
+def _todo(materials: Iterable[Material], cfg: QAConfig, teacher: str, done: set) -> tuple[list[_Question], int, int]:
+    """The questions still to ask; how many were planned; how many of them were done already."""
+    todo, skipped, planned = [], 0, 0
+    for m in materials:
+        for tpl, s in plan(m, cfg.per_task, cfg.seed):
+            planned += 1
+            if (m.task.key, m.source, tpl.id, s, teacher) in done:
+                skipped += 1
+            else:
+                todo.append(_Question(m, tpl, s))
+    return todo, skipped, planned
+
+
+class _Answers:
+    """What becomes of each question: its qa_answers.jsonl line, the qa record of a kept answer, and the counts."""
+
+    def __init__(self, ans, qa, base: dict):
+        self.ans, self.qa, self.base = ans, qa, base
+        self.dropped, self.stats = Counter(), Counter()
+        self.first_error: str | None = None
+
+    def line(self, q: _Question, **kw) -> None:
+        self.ans.write(json.dumps({"task": q.material.task.key, "source": q.material.source,
+                                   "template": q.template.id, "sample": q.sample, "question": q.id, **self.base,
+                                   **kw}) + "\n")
+
+    def no_material(self, q: _Question, f: Facts) -> None:
+        self.dropped[NO_MATERIAL] += 1
+        self.line(q, kept=False, dropped=NO_MATERIAL, reason=f.problem)
+
+    def failed(self, q: _Question, error: str) -> None:
+        self.stats["generation_failed"] += 1
+        self.first_error = self.first_error or error
+        self.line(q, kept=False, dropped=GENERATION, reason=error[:500])
+
+    def answered(self, q: _Question, g, families: list[str]) -> None:
+        """A generated answer: kept as a qa record, or dropped with the reason."""
+        why = judge_answer(g.text, g.finish_reason)
+        rec = {"messages": (g.messages or q.messages) + [{"role": "assistant", "content": g.text}],
+               "kind": "qa", "task": q.material.task.key,
+               "metadata": {"verified": False, **self.base, "template": q.template.id, "families": families,
+                            "source": q.material.source, "sample": q.sample, "question": q.id,
+                            "finish_reason": g.finish_reason, "tokens": g.completion_tokens}}
+        reason = None
+        if why is None:
+            try:
+                validate(rec)
+            except RecordError as e:
+                why, reason = INVALID, str(e)
+        if why is not None:
+            self.dropped[why] += 1
+            self.line(q, kept=False, dropped=why, reason=reason, answer=g.text, finish_reason=g.finish_reason)
+            return
+        self.stats["kept"] += 1
+        self.qa.write(json.dumps(rec) + "\n")
+        self.line(q, kept=True, dropped=None, answer=g.text, finish_reason=g.finish_reason)
+
+    def flush(self) -> None:
+        self.qa.flush()  # the records first: a kept answer whose qa_answers line is lost is still not asked again
+        self.ans.flush()
+
+
+def _prepared(todo: list[_Question], facts: dict[str, Facts], cfg: QAConfig, backend: str,
+              answers: _Answers) -> list[_Question]:
+    """The questions to ask, with their messages: those whose task has material (its facts, measured once per task
+    into `facts`); the others are recorded as NO_MATERIAL."""
+    asked = []
+    for q in todo:
+        key = q.material.task.key
+        if key not in facts:
+            facts[key] = task_facts(q.material.task, cfg.precision)
+        f = facts[key]
+        if f.tensors is None:
+            answers.no_material(q, f)
+            continue
+        q.messages = _fill(q, f, backend)
+        asked.append(q)
+    return asked
+
+
+def _generate(client: Client, chunk: list[_Question], cfg: QAConfig) -> tuple[dict, str]:
+    """The teacher's answers by index in `chunk`, and the error that the questions without one get."""
+    reqs = [Request(Task(q.id, q.material.task.code, source=q.material.task.source), q.sample, 1, q.messages,
+                    cfg.temperature, cfg.top_p, cfg.max_tokens, request_seed(cfg.seed, q.id, q.sample, 1))
+            for q in chunk]
+    got = {}
+    missing = "no answer (the client stopped)"
+    try:
+        for i, g in client.generate(reqs):
+            got[i] = g
+    except Exception as e:  # noqa: BLE001 -- a client bug must not lose the run: what it did not answer is redone
+        missing = f"client failed: {type(e).__name__}: {e}"
+    return got, missing
+
+
+def qa_records(materials: Iterable[Material], out_dir: Path, client: Client, teacher: str, backend: str,
                cfg: QAConfig | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
     """Ask the teacher `cfg.per_task` questions about each material item and write the kept answers as qa records;
     returns the summary (asked, kept, dropped by reason, generation failures, what was already done)."""
@@ -265,86 +360,29 @@ def qa_records(materials: Iterable[Material], out_dir: Path, client: Client, tea
     # answered (kept or dropped) or without material; a qa record counts too, in case its answers line was cut
     done = (recorded(out_dir / ANSWERS, lambda r: _key(r) if r["dropped"] != GENERATION else None)
             | recorded(out_dir / QA, _key)) - {None}
-    todo, skipped, planned = [], 0, 0
-    for m in materials:
-        for tpl, s in plan(m, cfg.per_task, cfg.seed):
-            planned += 1
-            if (m.task.key, m.source, tpl.id, s, teacher) in done:
-                skipped += 1
-            else:
-                todo.append(_Question(m, tpl, s))
-    dropped, stats = Counter(), Counter()
+    todo, skipped, planned = _todo(materials, cfg, teacher, done)
     facts: dict[str, Facts] = {}
-    first_error = None
-    base = {"teacher": teacher, "backend": backend, "seed": cfg.seed}
-
-    def answer_line(q: _Question, **kw) -> str:
-        return json.dumps({"task": q.material.task.key, "source": q.material.source, "template": q.template.id,
-                           "sample": q.sample, "question": q.id, **base, **kw}) + "\n"
-
     with _append(out_dir / ANSWERS) as ans, _append(out_dir / QA) as qa:
-        asked = []
-        for q in todo:
-            key = q.material.task.key
-            if key not in facts:
-                facts[key] = task_facts(q.material.task, cfg.precision)
-            f = facts[key]
-            if f.tensors is None:
-                dropped[NO_MATERIAL] += 1
-                ans.write(answer_line(q, kept=False, dropped=NO_MATERIAL, reason=f.problem))
-                continue
-            q.messages = _fill(q, f, backend)
-            asked.append(q)
+        answers = _Answers(ans, qa, {"teacher": teacher, "backend": backend, "seed": cfg.seed})
+        asked = _prepared(todo, facts, cfg, backend, answers)
         ans.flush()
         for start in range(0, len(asked), cfg.chunk):
             if client.fatal:  # the server is gone: the rest is asked by the next run
-                stats["not_asked"] += len(asked) - start
+                answers.stats["not_asked"] += len(asked) - start
                 break
             chunk = asked[start:start + cfg.chunk]
-            reqs = [Request(Task(q.id, q.material.task.code, source=q.material.task.source), q.sample, 1, q.messages,
-                            cfg.temperature, cfg.top_p, cfg.max_tokens, request_seed(cfg.seed, q.id, q.sample, 1))
-                    for q in chunk]
-            got = {}
-            missing = "no answer (the client stopped)"
-            try:
-                for i, g in client.generate(reqs):
-                    got[i] = g
-            except Exception as e:  # noqa: BLE001 -- a client bug must not lose the run: what it did not answer is redone
-                missing = f"client failed: {type(e).__name__}: {e}"
+            got, missing = _generate(client, chunk, cfg)
             for i, q in enumerate(chunk):
                 g = got.get(i)
                 error = missing if g is None else g.error
-                fam = facts[q.material.task.key].families
                 if error is not None:
-                    stats["generation_failed"] += 1
-                    first_error = first_error or error
-                    ans.write(answer_line(q, kept=False, dropped=GENERATION, reason=error[:500]))
-                    continue
-                why = judge_answer(g.text, g.finish_reason)
-                rec = {"messages": (g.messages or q.messages) + [{"role": "assistant", "content": g.text}],
-                       "kind": "qa", "task": q.material.task.key,
-                       "metadata": {"verified": False, **base, "template": q.template.id, "families": fam,
-                                    "source": q.material.source, "sample": q.sample, "question": q.id,
-                                    "finish_reason": g.finish_reason, "tokens": g.completion_tokens}}
-                reason = None
-                if why is None:
-                    try:
-                        validate(rec)
-                    except RecordError as e:
-                        why, reason = INVALID, str(e)
-                if why is not None:
-                    dropped[why] += 1
-                    ans.write(answer_line(q, kept=False, dropped=why, reason=reason, answer=g.text,
-                                          finish_reason=g.finish_reason))
-                    continue
-                stats["kept"] += 1
-                qa.write(json.dumps(rec) + "\n")
-                ans.write(answer_line(q, kept=True, dropped=None, answer=g.text, finish_reason=g.finish_reason))
-            qa.flush()  # the records first: a kept answer whose qa_answers line is lost is still not asked again
-            ans.flush()
+                    answers.failed(q, error)
+                else:
+                    answers.answered(q, g, facts[q.material.task.key].families)
+            answers.flush()
             if progress:
                 progress(start + len(chunk), len(asked))
-    return {"planned": planned, "skipped_existing": skipped, "asked": len(asked), "kept": stats["kept"],
-            "dropped": dict(dropped.most_common()), "generation_failed": stats["generation_failed"],
-            "not_asked": stats["not_asked"], "first_error": first_error, "fatal": client.fatal,
+    return {"planned": planned, "skipped_existing": skipped, "asked": len(asked), "kept": answers.stats["kept"],
+            "dropped": dict(answers.dropped.most_common()), "generation_failed": answers.stats["generation_failed"],
+            "not_asked": answers.stats["not_asked"], "first_error": answers.first_error, "fatal": client.fatal,
             "templates": dict(Counter(q.template.id for q in asked).most_common())}
