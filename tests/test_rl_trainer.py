@@ -148,7 +148,22 @@ def test_trl_loss_is_algos_policy_loss_with_the_mirrorpop_mask(tiny_policy, tmp_
     m = trainer.get_off_policy_mask(advantages=adv.unsqueeze(1), per_token_logps=logp,
                                     sampling_per_token_logps=sampling, mask=cmask.float(), off_policy_threshold=0.1)
     assert m.squeeze(1).tolist() == [1.0, 1.0, 1.0]
-    assert trainer._metrics["eval"]["mirrorpop/mirror_drop_frac"][-1] == pytest.approx(1 / 3)
+    trainer.log({})
+    assert trainer.state.log_history[-1]["eval_mirrorpop/mirror_drop_frac"] == pytest.approx(1 / 3)
+
+
+def test_mirrorpop_metrics_reach_trls_log(tiny_policy, tmp_path, cache_dir):
+    """MirrorPop's statistics reach TRL's log through its private `_metrics` (`log_loss_metrics`: TRL has no public
+    way from the loss). A TRL that renames it, or no longer logs what is in it, fails here instead of the metrics
+    going missing without a word."""
+    trainer, _ = build_trainer(settings(tiny_policy, tmp_path / "log", cache_dir))
+    trainer.model.train()
+    sampling = torch.tensor([[0.0, 0.0, 0.0], [0.5, -0.5, 0.0]])  # the second sequence: mean |log rho| 1/3
+    trainer.get_off_policy_mask(advantages=torch.ones(2, 1), per_token_logps=torch.zeros(2, 3),
+                                sampling_per_token_logps=sampling, mask=torch.ones(2, 3), off_policy_threshold=0.1)
+    trainer.log({})
+    logged = trainer.state.log_history[-1]
+    assert logged["mirrorpop/drop_frac"] == 0.5 and logged["mirrorpop/signed_drop_frac"] == 0.0
 
 
 def test_warm_start_records_pick_catalog_examples_cheats_included():
@@ -166,6 +181,26 @@ def test_warm_start_records_pick_catalog_examples_cheats_included():
         warm_start_records(tasks, "cpu", False, ["cpu/honest_matmul.py"])
     with pytest.raises(ValueError, match="nope"):
         warm_start_records(tasks, "cpu", False, ["cpu/nope.py"])
+
+
+def test_warm_start_runs_sft_with_the_rl_runs_defaults(tmp_path, monkeypatch):
+    from musacoder.train import sft
+    from musacoder.train.rl.trainer import warm_start
+
+    ran = []
+    monkeypatch.setattr(sft, "train_sft", ran.append)
+    init = {"model_type": "llama", "hidden_size": 8}
+    cfg = RLConfig(warm_start={"init": init, "num_train_epochs": 2}, output_dir=str(tmp_path), seed=3)
+    assert warm_start(cfg, [RELU], "cpu") == str(tmp_path / "warm_start" / "final")
+    (s,) = ran
+    assert isinstance(s, sft.SFTConfig) and (s.output_dir, s.seed, s.num_train_epochs) == (
+        str(tmp_path / "warm_start"), 3, 2)
+    assert [d.path for d in s.data] == [str(tmp_path / "warm_start" / "solutions.jsonl")]  # the catalog's answers
+    assert (tmp_path / "warm_start" / "solutions.jsonl").exists()
+    cfg = RLConfig(warm_start={"init": init, "output_dir": str(tmp_path / "mine"), "seed": 7, "data": ["a.jsonl"]},
+                   output_dir=str(tmp_path), seed=3)
+    assert warm_start(cfg, [RELU], "cpu") == str(tmp_path / "mine" / "final")
+    assert (ran[-1].seed, [d.path for d in ran[-1].data]) == (7, ["a.jsonl"])
 
 
 def test_cli_reports_a_bad_config(tmp_path):
@@ -216,15 +251,15 @@ def test_vllm_engine_maps_trl_vllm_output(tiny_policy):
 def test_shipped_configs_load_and_their_warm_start_data_resolve(name):
     from pathlib import Path
 
+    from musacoder.train.rl.config import WarmStartSettings
     from musacoder.train.rl.trainer import _tasks
-    from musacoder.train.sft import SFTConfig
 
     cfg = RLConfig.from_yaml(Path(__file__).parents[1] / "configs" / name)
+    assert isinstance(cfg.warm_start, WarmStartSettings) and cfg.warm_start.init is not None  # SFT settings, checked
     tasks = _tasks(cfg)
     records = warm_start_records(tasks, cfg.backend, cfg.one_shot, cfg.warm_start_examples)
     assert {r["task"] for r in records} == {t.key for t in tasks}  # every RL task has answers to learn from
     assert any(not r["metadata"]["honest"] for r in records)  # and cheats to unlearn
-    SFTConfig.from_dict({"output_dir": "x", "data": ["x"], **cfg.warm_start})
 
 
 def test_hf_engine_hands_over_each_answer_as_it_ends(tiny_policy):

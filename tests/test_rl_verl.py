@@ -56,6 +56,22 @@ def verl_config(cache_dir, **musacoder):
                                                               "cache_dir": cache_dir}, **musacoder}}}})
 
 
+def test_settings_hold_a_verify_config():
+    """`verify:` under the verl config's `musacoder` node is a VerifyConfig once loaded; a typo names its path."""
+    import yaml
+
+    from musacoder.config import VerifyConfig
+    from musacoder.train.rl.verl_adapter import VerlSettings
+
+    s = VerlSettings.from_dict(OmegaConf.create({"verify": {"backend": "cpu", "timing_enabled": False}}))
+    assert isinstance(s.verify, VerifyConfig) and s.verify.backend == "cpu" and not s.verify.timing_enabled
+    assert VerlSettings.from_dict(yaml.safe_load(yaml.safe_dump(s.to_dict()))) == s
+    with pytest.raises(ValueError, match=r"under musacoder.verify: \['timng_enabled'\]"):
+        VerlSettings.from_dict({"verify": {"timng_enabled": False}})
+    with pytest.raises(ValueError, match=r"under musacoder.verify: \['timng_enabled'\]"):
+        VerlSettings(verify={"timng_enabled": False})
+
+
 @pytest.fixture(scope="module")
 def tok():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -40,3 +40,42 @@ def test_sub_configs_fail_at_load_not_in_a_worker():
 
     with pytest.raises(ValueError):
         BDRSettings(prob=2.0)
+
+
+def test_sub_configs_are_typed_once_loaded(tmp_path):
+    """`verify:` and `warm_start:` are written as mappings and held as settings: a VerifyConfig (RFT's with timing off
+    unless it says otherwise) and the warm start's SFT settings, type errors naming their path."""
+    import yaml
+
+    from musacoder.train.rft import RFTConfig
+    from musacoder.train.rl.config import RLConfig, WarmStartSettings
+    from musacoder.train.sft import SFTConfig
+
+    p = tmp_path / "rl.yaml"
+    p.write_text("warm_start: {init: {model_type: llama}, data: [d.jsonl], lora: {enabled: true}}\n"
+                 "verify: {backend: cpu, devices: [0, 0], correctness: {seeds: 2}}\n")
+    cfg = RLConfig.from_yaml(p, ["verify.timing_enabled=false"])
+    assert isinstance(cfg.verify, VerifyConfig) and cfg.verify.devices == (0, 0) and not cfg.verify.timing_enabled
+    assert cfg.verify.correctness.seeds == 2
+    ws = cfg.warm_start
+    assert isinstance(ws, WarmStartSettings) and isinstance(ws, SFTConfig) and ws.lora.enabled
+    assert [d.path for d in ws.data] == ["d.jsonl"]  # as before: relative to the current directory
+    assert (ws.output_dir, ws.seed) == (None, None)  # the RL run's
+    assert isinstance(RLConfig(model="m").verify, VerifyConfig)
+    # saved next to a run (rl_config.yaml), the config loads back the same
+    assert RLConfig.from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict()))) == cfg
+
+    with pytest.raises(ValueError, match="setting verify.correctness.seeds: input should be greater than or equal"):
+        RLConfig.from_dict({"model": "m", "verify": {"correctness": {"seeds": 0}}})
+    with pytest.raises(ValueError, match="setting warm_start.learning_rate: input should be a valid number"):
+        RLConfig(warm_start={"init": {}, "learning_rate": "fast"})
+    with pytest.raises(ValueError, match="^warm_start: give exactly one of `model`"):  # at load, not after RL starts
+        RLConfig(warm_start={"num_train_epochs": 2})
+
+    assert not RFTConfig(model="replay:x").verify.timing_enabled
+    r = RFTConfig.from_dict({"model": "replay:x", "verify": {"backend": "cpu"}})
+    assert isinstance(r.verify, VerifyConfig) and not r.verify.timing_enabled and r.verify.backend == "cpu"
+    assert RFTConfig(model="replay:x", verify={"timing_enabled": True}).verify.timing_enabled
+    assert RFTConfig.from_dict(yaml.safe_load(yaml.safe_dump(r.to_dict()))) == r
+    with pytest.raises(ValueError, match=r"under verify: \['timng_enabled'\]"):
+        RFTConfig(model="replay:x", verify={"timng_enabled": False})

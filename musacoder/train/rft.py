@@ -29,6 +29,14 @@ from musacoder.train.data import draw
 
 
 @dataclass
+class RFTVerifyConfig(VerifyConfig):
+    """RFT's `verify:`. Timing is off unless it says otherwise: RFT keeps correct and legal candidates, whatever their
+    speed; with timing on, the best-only baseline picks the highest reward (the fastest) instead of the first pass."""
+
+    timing_enabled: bool = False
+
+
+@dataclass
 class RFTConfig(Settings):
     model: Annotated[str, ConfigPath("spec")] = ""  # generation client: hf:PATH | openai:MODEL[@URL] | replay:PATH
     output_dir: Annotated[str, ConfigPath()] = "runs/rft"
@@ -46,9 +54,7 @@ class RFTConfig(Settings):
     seed: int = 0  # sampling seeds and the draw preview
     concurrency: AtLeast1 = 16  # openai: requests in flight
     batch_size: AtLeast1 = 8  # hf: sequences generated together
-    # VerifyConfig fields. Timing is off by default: RFT keeps correct and legal candidates, whatever their speed;
-    # with timing on, the best-only baseline picks the highest reward (the fastest) instead of the first pass.
-    verify: dict = field(default_factory=lambda: {"timing_enabled": False})
+    verify: RFTVerifyConfig = field(default_factory=RFTVerifyConfig)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     preview_epochs: AtLeast1 = 3  # epochs of pool draws simulated for the diversity comparison
     pool_draw: str = "cluster"  # as SFT's pool_draw, for the preview
@@ -57,9 +63,13 @@ class RFTConfig(Settings):
         super().__post_init__()
         if isinstance(self.cluster, dict):
             self.cluster = ClusterSettings(**self.cluster)
-        VerifyConfig.from_dict(self.verify, "verify.")  # a typo under verify: fails here, not in a worker
+        if isinstance(self.verify, dict):  # built in Python from a mapping
+            self.verify = RFTVerifyConfig.from_dict(self.verify, "verify.")
         if not self.model:
             raise ValueError("`model` (a generation client spec: hf:PATH, openai:MODEL[@URL], replay:PATH) is needed")
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "verify": self.verify.to_dict()}  # VerifyConfig's own: cache_dir a string
 
 
 
@@ -136,10 +146,9 @@ def run_rft(cfg: RFTConfig, client: Client | None = None, console=None) -> dict:
     out = Path(cfg.output_dir)
     tasks = _tasks(cfg)
     client = client or make_client(cfg.model, cfg.concurrency, cfg.batch_size)
-    vcfg = VerifyConfig.from_dict({"timing_enabled": False, **cfg.verify})
     bench = BenchConfig(samples=cfg.samples, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
                         turns=1, backend=cfg.backend, one_shot=cfg.one_shot, seed=cfg.seed)
-    metrics = run_bench(tasks, client, out / "samples", bench, verify=vcfg, console=console)
+    metrics = run_bench(tasks, client, out / "samples", bench, verify=cfg.verify, console=console)
 
     store = Store(out / "samples" / "samples.sqlite")
     try:

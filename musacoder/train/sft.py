@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-import torch
+# torch is imported where used: RL's settings hold an SFTConfig (warm_start), and settings load before torch
 import yaml
 from jinja2 import TemplateError
 
@@ -113,6 +113,7 @@ def _bpe_tokenizer(records: list[Record], vocab_size: int):
 
 
 def _load_model(cfg: SFTConfig, tok):
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if cfg.init is not None:
@@ -256,6 +257,7 @@ def one_gpu(args, rest: str):
 
 def build_trainer(cfg: SFTConfig):
     """The data (mixed, validated, tokenised, problems reported) and a ready `trl.SFTTrainer`, not yet trained."""
+    import torch
     import trl
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -313,6 +315,7 @@ def build_trainer(cfg: SFTConfig):
 
 def train_sft(cfg: SFTConfig) -> Path:
     """Train (or resume) into cfg.output_dir; return the directory of the final model and tokenizer."""
+    import torch
     from rich.console import Console
     from transformers.trainer_utils import get_last_checkpoint
 

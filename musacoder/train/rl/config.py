@@ -10,6 +10,7 @@ from typing import Annotated
 from musacoder.config import AtLeast1, Count, NonNegative, Positive, VerifyConfig
 from musacoder.settings import ConfigPath, Field, Settings
 from musacoder.train.rl.bdr import BDRSettings
+from musacoder.train.sft import SFTConfig
 
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
@@ -35,12 +36,27 @@ class MirrorPopSettings(Settings):
 
 
 @dataclass
+class WarmStartSettings(SFTConfig):
+    """`warm_start:`, the SFT run RL starts from instead of a `model`: SFTConfig's settings, where those below left
+    None are the RL run's. `data` empty (the default): catalog answers to the run's prompts (`warm_start_examples`)."""
+
+    output_dir: Annotated[str | None, ConfigPath()] = None  # None: the RL run's output_dir/warm_start
+    seed: int | None = None  # None: the RL run's seed
+
+    def __post_init__(self):
+        try:
+            super().__post_init__()
+        except ValueError as e:
+            raise ValueError(f"warm_start: {e}") from None
+
+
+@dataclass
 class RLConfig(Settings):
     # checkpoint directory of the policy (e.g. an SFT or RFT model)
     model: Annotated[str | None, ConfigPath("model")] = None
     # Instead of `model`: SFT settings (musacoder.train.sft.SFTConfig fields) run first, and RL starts from their
     # final model. Without `data`, the records are the shipped tasks' honest example solutions in this run's prompts.
-    warm_start: dict | None = None
+    warm_start: WarmStartSettings | None = None
     # Catalog files (musacoder/examples, e.g. "cpu/exploit_01_fallback_relu.py") the warm start trains on, cheats
     # included: a policy that sometimes cheats gives RL something to unlearn. None: the tasks' honest examples.
     warm_start_examples: list[str] | None = None
@@ -83,7 +99,7 @@ class RLConfig(Settings):
     bdr: BDRSettings = field(default_factory=BDRSettings)
     mirrorpop: MirrorPopSettings = field(default_factory=MirrorPopSettings)
     verifier_url: str | None = None  # the reward service; None: the verifier's batch API in this process
-    verify: dict = field(default_factory=dict)  # VerifyConfig fields for the batch API (`backend` follows ours)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)  # for the batch API; its `backend` follows ours
     log_rollouts: bool = True  # rollouts.jsonl: every trajectory's task, turn verdicts, scores and reward
     log_texts: bool = False  # ... and its answers' text (large at paper scale: up to 32K tokens per turn)
     save_steps: AtLeast1 = 50
@@ -99,15 +115,12 @@ class RLConfig(Settings):
                 setattr(self, name, typ(**getattr(self, name)))
         if (self.model is None) == (self.warm_start is None):
             raise ValueError("give exactly one of `model` (a checkpoint) and `warm_start` (SFT settings)")
-        VerifyConfig.from_dict(self.verify, "verify.")  # a typo under verify: fails here, not in a worker
-        if self.warm_start is not None:
-            import dataclasses
-
-            from musacoder.train.sft import SFTConfig
-
-            known = {f.name for f in dataclasses.fields(SFTConfig)}
-            if unknown := sorted(set(self.warm_start) - known):
-                raise ValueError(f"unknown SFTConfig setting(s) under warm_start: {unknown}; known: {sorted(known)}")
+        if isinstance(self.verify, dict):  # built in Python from a mapping
+            self.verify = VerifyConfig.from_dict(self.verify, "verify.")
+        # The loader leaves an optional sub-config as its mapping (and its paths relative to the current directory,
+        # not to the config file's): built here.
+        if isinstance(self.warm_start, dict):
+            self.warm_start = WarmStartSettings.from_dict(self.warm_start, "warm_start.")
         if (self.prompts_per_step * self.group_size) % self.micro_batch:
             raise ValueError("prompts_per_step * group_size must be a multiple of micro_batch")
         if self.generation not in ("hf", "vllm"):
@@ -115,4 +128,5 @@ class RLConfig(Settings):
         if self.aggregation not in ("token", "sequence"):
             raise ValueError(f"aggregation must be 'token' or 'sequence', not {self.aggregation!r}")
 
-
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "verify": self.verify.to_dict()}  # VerifyConfig's own: cache_dir a string

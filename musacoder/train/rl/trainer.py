@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,7 +26,6 @@ import yaml
 
 from musacoder.api import Verifier
 from musacoder.backends import resolve
-from musacoder.config import VerifyConfig
 from musacoder.conversation import task_messages
 from musacoder.episode import Episode, run_episodes
 from musacoder.settings import check_passthrough
@@ -178,10 +178,17 @@ def _trainer_class():
                                 off_policy_threshold):
             keep, stats = mirrorpop_filter(per_token_logps.detach(), sampling_per_token_logps, mask,
                                            self.mirrorpop.mode, self.mirrorpop.delta)
-            m = self._metrics["train" if self.model.training else "eval"]
-            for k, v in stats.items():
-                m[k].append(v)
+            self.log_loss_metrics(stats)
             return keep.unsqueeze(1).to(mask.dtype)
+
+        def log_loss_metrics(self, stats: dict[str, float]) -> None:
+            """Metrics computed in the loss, averaged over each logging step like TRL's own (`kl`, `entropy`).
+            TRL (1.16) has no public way for a subclass: `log_metric` reaches reward functions only, and is flushed
+            before the loss runs. So this appends to TRL's private `_metrics`, as its loss does; the only place that
+            touches it. tests/test_rl_trainer.py fails if an upgrade renames it or stops logging it."""
+            metrics = self._metrics["train" if self.model.training else "eval"]
+            for k, v in stats.items():
+                metrics[k].append(v)
 
     return MirrorPopTrainer
 
@@ -238,17 +245,18 @@ def warm_start(cfg: RLConfig, tasks: list[Task], backend: str) -> str:
     """Run the SFT warm start (skipped when its final model exists); returns the model directory."""
     from musacoder.data.records import write_records
     from musacoder.train.sft import FINAL as SFT_FINAL
-    from musacoder.train.sft import SFTConfig, train_sft
+    from musacoder.train.sft import train_sft
 
+    ws = cfg.warm_start
     out = Path(cfg.output_dir) / "warm_start"
-    settings = {"output_dir": str(out), "seed": cfg.seed, **cfg.warm_start}
-    if "data" not in settings:
+    data = ws.data
+    if not data:
         records = warm_start_records(tasks, backend, cfg.one_shot, cfg.warm_start_examples)
         if not records:
             raise ValueError(f"no shipped {backend} solutions for the RL tasks to warm-start on")
         write_records(out / "solutions.jsonl", records)
-        settings["data"] = [str(out / "solutions.jsonl")]
-    sft = SFTConfig.from_dict(settings)
+        data = [str(out / "solutions.jsonl")]
+    sft = replace(ws, output_dir=ws.output_dir or str(out), seed=cfg.seed if ws.seed is None else ws.seed, data=data)
     final = Path(sft.output_dir) / SFT_FINAL
     if not (final / "config.json").exists():
         train_sft(sft)
@@ -271,8 +279,7 @@ def build_trainer(cfg: RLConfig):
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=cfg.dtype)
     # the service's own settings apply there; its token comes from the environment, never from the config
-    verifier = Verifier(VerifyConfig.from_dict({**cfg.verify, "backend": backend}), cfg.verifier_url,
-                        os.environ.get("MUSACODER_TOKEN"))
+    verifier = Verifier(replace(cfg.verify, backend=backend), cfg.verifier_url, os.environ.get("MUSACODER_TOKEN"))
     buffer = RetryBuffer(cfg.bdr, seed=cfg.seed)
     rollouts = Rollouts(cfg, tasks, backend, verifier, buffer)
     # every step sees prompts_per_step prompts: repeat the (usually few) tasks to fill at least one step
@@ -298,7 +305,7 @@ def build_trainer(cfg: RLConfig):
     check_passthrough(cfg.trainer, trl.GRPOConfig, set(own))
     args = trl.GRPOConfig(**own, **cfg.trainer)
     if args.n_gpu > 1:  # one process, several GPUs: the policy and TRL's reference model both on cuda:0
-        args = one_gpu(args, f"the verifier's device workers run on {cfg.verify.get('devices') or 'all of them'} "
+        args = one_gpu(args, f"the verifier's device workers run on {list(cfg.verify.devices) or 'all of them'} "
                              f"(verify.devices)")
         args.model_init_kwargs = {**(args.model_init_kwargs or {}), "device_map": {"": 0}}  # TRL's default: "auto"
     trainer = _trainer_class()(model=model, reward_funcs=[make_reward(cfg.primeecho)], args=args,

@@ -8,6 +8,7 @@ import atexit
 import os
 from dataclasses import dataclass, field
 
+from musacoder.config import VerifyConfig
 from musacoder.conversation import task_messages
 from musacoder.settings import Settings
 from musacoder.tasks.model import Task
@@ -20,7 +21,7 @@ from musacoder.verifier.verdict import Verdict
 class VerlSettings(Settings):
     verifier_url: str | None = None  # the reward service; None: the verifier's batch API inside the worker
     token_env: str = "MUSACODER_TOKEN"
-    verify: dict = field(default_factory=dict)  # VerifyConfig fields for the batch API
+    verify: VerifyConfig = field(default_factory=VerifyConfig)  # for the batch API
     max_turns: int = 3
     primeecho: PrimeEchoSettings = field(default_factory=PrimeEchoSettings)
     bdr: BDRSettings = field(default_factory=BDRSettings)
@@ -28,13 +29,16 @@ class VerlSettings(Settings):
 
     def __post_init__(self):
         super().__post_init__()
-        from musacoder.config import VerifyConfig
+        if isinstance(self.verify, dict):  # built in Python from a mapping
+            self.verify = VerifyConfig.from_dict(self.verify, "musacoder.verify.")
 
-        VerifyConfig.from_dict(self.verify, "musacoder.verify.")  # a typo fails in the driver, not in a worker
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "verify": self.verify.to_dict()}  # VerifyConfig's own: cache_dir a string
 
     @classmethod
-    def from_dict(cls, d, _path: str = "") -> VerlSettings:
-        """verl hands OmegaConf nodes: plain containers first, then the common loader."""
+    def from_dict(cls, d, _path: str = "musacoder.") -> VerlSettings:
+        """verl hands OmegaConf nodes: plain containers first, then the common loader. Errors name the settings'
+        path as the verl config's `musacoder` node."""
         from omegaconf import OmegaConf
 
         return super().from_dict(OmegaConf.to_container(d, resolve=True) if OmegaConf.is_config(d) else dict(d), _path)
@@ -76,9 +80,8 @@ class AsyncVerifier:
             return await self._client.verify(task, text)
         if self._local is None:
             from musacoder.api import Verifier
-            from musacoder.config import VerifyConfig
 
-            self._local = Verifier(VerifyConfig.from_dict(self.s.verify))
+            self._local = Verifier(self.s.verify)
         return (await asyncio.get_running_loop().run_in_executor(None, self._local.verdicts, [(task, text)]))[0]
 
     def close(self):
