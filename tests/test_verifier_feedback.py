@@ -86,3 +86,10 @@ def test_the_feedback_turn_carries_it():
     assert lines[-1] == "The kernel is correct. Optimise it further while keeping it correct."
     failed = feedback_text(verdict(status="incorrect", reason="2/16 trials failed", candidate_ms=None))
     assert "Bottleneck" not in failed and failed.endswith("Fix correctness first.")
+    # refused while timed after every trial passed: the advice is not about correctness
+    timed = feedback_text(verdict(status="runtime_error", reason="failed while timed: ...", candidate_ms=None,
+                                  trials_passed=16, trials_total=16))
+    assert "Fix correctness" not in timed and timed.endswith("what failed is in the reason above: fix that.")
+    crashed = feedback_text(verdict(status="runtime_error", reason="CUDA error", candidate_ms=None,
+                                    trials_passed=3, trials_total=16))
+    assert crashed.endswith("Fix correctness first.")

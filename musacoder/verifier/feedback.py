@@ -159,6 +159,9 @@ def feedback_text(v: Verdict, ncu: list[dict] | None = None) -> str:
                      "MUSA shared-memory limits and MUSA timing were not exercised.")
     if v.status is Status.OK:
         parts.append("The kernel is correct. Optimise it further while keeping it correct.")
+    elif v.status is Status.RUNTIME_ERROR and v.trials_total and v.trials_passed == v.trials_total:
+        # it failed later, while timed: "fix correctness" would send a correct kernel the wrong way
+        parts.append("Every output was correct; what failed is in the reason above: fix that.")
     elif v.status in (Status.INCORRECT, Status.RUNTIME_ERROR, Status.COMPILE_ERROR):
         parts.append("Fix correctness first.")
     return "\n".join(parts)
