@@ -159,10 +159,23 @@ def _root(node: ast.AST) -> ast.AST:
     return node
 
 
+def _other_binding(n: ast.AST) -> str | None:
+    """The name a definition, parameter, `except ... as` or match capture binds; None for any other node."""
+    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return n.name
+    if isinstance(n, ast.arg):
+        return n.arg
+    if isinstance(n, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+        return n.name or None
+    if isinstance(n, ast.MatchMapping):
+        return n.rest or None
+    return None
+
+
 class _Module:
     """What the whole module binds, whatever the scope (one set per name: an over-approximation, never less)."""
 
-    def __init__(self, tree: ast.AST):  # noqa: C901
+    def __init__(self, tree: ast.AST):
         self.imported: dict[str, str] = {}  # local name -> module or object path it is bound to
         self.values: dict[str, list[ast.expr]] = defaultdict(list)  # name -> every value assigned to it
         self.kinds: dict[str, set[str]] = defaultdict(set)  # name -> "assign", "import", "other"
@@ -170,34 +183,16 @@ class _Module:
         for n in ast.walk(tree):
             for c in ast.iter_child_nodes(n):
                 self.parent[c] = n
-        assigned = set()
+        assigned = set()  # the Name targets _bind_assign recorded
         for n in ast.walk(tree):
             if isinstance(n, (ast.Import, ast.ImportFrom)):
-                for a in n.names:
-                    if a.name == "*":
-                        continue
-                    local = a.asname or a.name.split(".")[0]
-                    if isinstance(n, ast.Import):
-                        self.imported[local] = a.name if a.asname else local
-                    else:
-                        self.imported[local] = f"{n.module or ''}.{a.name}"
-                    self.kinds[local].add("import")
+                self._bind_import(n)
             elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and n.value is not None:
-                for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
-                    if isinstance(t, ast.Name):
-                        self.values[t.id].append(n.value)
-                        self.kinds[t.id].add("assign")
-                        assigned.add(t)
-            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                self.kinds[n.name].add("other")
-            elif isinstance(n, ast.arg):
-                self.kinds[n.arg].add("other")
-            elif isinstance(n, ast.ExceptHandler) and n.name:
-                self.kinds[n.name].add("other")
-            elif isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name:
-                self.kinds[n.name].add("other")
-            elif isinstance(n, ast.MatchMapping) and n.rest:
-                self.kinds[n.rest].add("other")
+                self._bind_assign(n, assigned)
+            else:
+                name = _other_binding(n)
+                if name is not None:
+                    self.kinds[name].add("other")
         for n in ast.walk(tree):
             if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) and n not in assigned:
                 self.kinds[n.id].add("other")  # loop targets, unpacking, with ... as, del
@@ -205,6 +200,24 @@ class _Module:
         self.extensions = {name for name, vals in self.values.items()
                            if self.kinds.get(name) == {"assign"} and all(self.is_build_call(v) for v in vals)}
         self.self_extensions = self._self_extensions(tree)
+
+    def _bind_import(self, n: ast.Import | ast.ImportFrom) -> None:
+        for a in n.names:
+            if a.name == "*":
+                continue
+            local = a.asname or a.name.split(".")[0]
+            if isinstance(n, ast.Import):
+                self.imported[local] = a.name if a.asname else local
+            else:
+                self.imported[local] = f"{n.module or ''}.{a.name}"
+            self.kinds[local].add("import")
+
+    def _bind_assign(self, n: ast.Assign | ast.AnnAssign | ast.AugAssign | ast.NamedExpr, assigned: set) -> None:
+        for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+            if isinstance(t, ast.Name):
+                self.values[t.id].append(n.value)
+                self.kinds[t.id].add("assign")
+                assigned.add(t)
 
     def resolve(self, dotted: str) -> str:
         head, _, rest = dotted.partition(".")
@@ -480,51 +493,63 @@ class _NativeSources:
         """sys.stdout / sys.stderr: messages, not files a build reads."""
         return self.m.resolve(dotted_name(node) or "") in ("sys.stdout", "sys.stderr")
 
-    def _strings(self, node: ast.AST, seen: tuple) -> list[str] | None:  # noqa: C901
+    def _strings(self, node: ast.AST, seen: tuple) -> list[str] | None:
         """The string constants `node` may be built from; None when that cannot be told."""
-        def each(nodes) -> list[str] | None:
-            out = []
-            for x in nodes:
-                got = self._strings(x, seen)
-                if got is None:
-                    return None
-                out += got
-            return out
-
         if isinstance(node, ast.Constant):
             v = node.value
             return [v] if isinstance(v, str) else [v.decode("latin-1")] if isinstance(v, bytes) else []
-        if isinstance(node, ast.JoinedStr):
-            return each(node.values)
-        if isinstance(node, ast.FormattedValue):
-            return each([node.value] + ([node.format_spec] if node.format_spec else []))
-        if isinstance(node, ast.BinOp):
-            return each([node.left, node.right])
-        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-            return each(node.elts)
-        if isinstance(node, ast.Dict):
-            return each(node.values)
-        if isinstance(node, ast.Starred):
-            return self._strings(node.value, seen)
-        if isinstance(node, ast.IfExp):
-            return each([node.body, node.orelse])
-        if isinstance(node, ast.Name):
+        if isinstance(node, ast.Name):  # every value a name bound only by assignment gets
             if node.id in seen:
-                return []
+                return []  # already being traced
             if self.m.kinds.get(node.id) != {"assign"}:
                 return None
-            seen = (*seen, node.id)
-            return each(self.m.values[node.id])
+            return self._each(self.m.values[node.id], (*seen, node.id))
+        if isinstance(node, ast.Starred):
+            return self._strings(node.value, seen)
+        parts = self._string_parts(node)
+        return None if parts is None else self._each(parts, seen)
+
+    def _each(self, nodes, seen: tuple) -> list[str] | None:
+        """The strings of all of `nodes`; None when those of one cannot be told."""
+        out = []
+        for x in nodes:
+            got = self._strings(x, seen)
+            if got is None:
+                return None
+            out += got
+        return out
+
+    def _string_parts(self, node: ast.AST) -> list[ast.AST] | None:
+        """The expressions a string-building node (f-string, concatenation, container, conditional, string method)
+        is made of; None for any other node."""
+        if isinstance(node, ast.JoinedStr):
+            return node.values
+        if isinstance(node, ast.FormattedValue):
+            return [node.value] + ([node.format_spec] if node.format_spec else [])
+        if isinstance(node, ast.BinOp):
+            return [node.left, node.right]
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return node.elts
+        if isinstance(node, ast.Dict):
+            return node.values
+        if isinstance(node, ast.IfExp):
+            return [node.body, node.orelse]
         if isinstance(node, ast.Call):
-            func = node.func
-            args = [*node.args, *(k.value for k in node.keywords)]
-            if isinstance(func, ast.Attribute) and func.attr in _STR_METHODS:
-                receiver = func.value
-                if isinstance(receiver, ast.Name) and self.m.kinds.get(receiver.id) == {"import"}:
-                    return each(args)  # textwrap.dedent(SRC)
-                return each([receiver, *args])
-            if isinstance(func, ast.Name) and func.id in ("str", "bytes", "dedent"):
-                return each(args)
+            return self._call_parts(node)
+        return None
+
+    def _call_parts(self, node: ast.Call) -> list[ast.AST] | None:
+        """A string method's receiver and arguments (only the arguments where the receiver is an imported module:
+        `textwrap.dedent(SRC)`), or str()/bytes()/dedent()'s arguments; None for any other call."""
+        func = node.func
+        args = [*node.args, *(k.value for k in node.keywords)]
+        if isinstance(func, ast.Attribute) and func.attr in _STR_METHODS:
+            receiver = func.value
+            if isinstance(receiver, ast.Name) and self.m.kinds.get(receiver.id) == {"import"}:
+                return args
+            return [receiver, *args]
+        if isinstance(func, ast.Name) and func.id in ("str", "bytes", "dedent"):
+            return args
         return None
 
 
