@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -75,6 +76,26 @@ def steady_malloc() -> dict:
     own = os.environ.get("GLIBC_TUNABLES")
     steady = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
     return {"GLIBC_TUNABLES": f"{own}:{steady}" if own else steady}
+
+
+@dataclass
+class TrialBuffers:
+    """The judge's buffers of one trial shape, allocated once and refilled by each trial of it; the base trial's are
+    the ones the timing window and the speed-of-light figures use. Input lists follow the task's inputs (a buffer the
+    judge owns for each tensor, the value as it is for anything else); output lists have one entry a leaf of the
+    reference's output (None for a leaf that is not a tensor)."""
+
+    key: str  # the shape's key (Shape.key): the model each subject built for this shape runs on these buffers
+    layout: list  # what the inputs must hold (_layout): ("tensor", shape, dtype) or ("value", x) each
+    cand_in: list  # the candidate's copy of the inputs: in its own directory or memory pool, read-only where possible
+    cand_in_refs: list  # what the candidate subject opens for `cand_in` (TensorRef dumps; values as they are)
+    ref_in: list  # the reference's copy of the inputs, in the judge's own memory: no candidate can map it
+    ref_in_refs: list  # what the reference subject opens for `ref_in`
+    spec: OutputSpec  # the reference's output structure (leaves' shape, dtype, device): what the candidate must return
+    ref_out: list  # the reference's output buffers (the judge's own); the kept first output in the determinism check
+    ref_out_refs: list  # what the reference subject writes `ref_out` through (TensorRef, or None)
+    cand_out: list  # the candidate's output buffers (in its pool), poisoned before each of its runs
+    cand_out_refs: list  # what the candidate subject writes `cand_out` through (TensorRef, or None)
 
 
 class Subject:
@@ -317,6 +338,7 @@ class _Run:
         self.keep: list = []  # (tensor, reference) the judge shared with subjects: alive until the job ends
         self.pool = buffers.new_pool(judge.device)  # where the buffers a candidate can map live (cuda)
         self.trial_call_ms = {"ref": float("inf"), "cand": float("inf")}  # fastest correctness-trial call, handler
+        self.base: TrialBuffers | None = None  # the base trial's buffers, once its candidate run passed
 
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
@@ -399,7 +421,7 @@ class _Run:
         passed = all(t.passed for t in f.trials) and self.base is not None
         if passed and self.j.backend.device_type != "cpu":
             with stage(f, "profile"):
-                r = self.ccall(SubjectCommand(op="profile", shape_key=self.base["key"], inputs=self.base["in"],
+                r = self.ccall(SubjectCommand(op="profile", shape_key=self.base.key, inputs=self.base.cand_in_refs,
                                               own_kernels=[k for b in self.builds for k in b.kernels]))
                 f.profile, f.profile_error = r.profile, ("" if r.ok else r.error[-500:])
         return passed and cfg.timing_enabled and f.launches > 0
@@ -441,35 +463,21 @@ class _Run:
         self.f.trials.sort(key=lambda t: rank[id(t)])
         return ok
 
-    def run_trials(self, task_key: str, rank: dict[int, int]) -> bool:  # noqa: C901
-        f, cfg = self.f, self.cfg
-        tol, rel = cfg.tolerance(), cfg.rel_tolerance()
+    def run_trials(self, task_key: str, rank: dict[int, int]) -> bool:
+        """The plan's trials in its order: the reference's output first (reference_trial), then the candidate's model
+        (candidate_model) and its run against that output (candidate_trial). False: nothing more is to run for this
+        candidate (its task or a fatal error of its own, with the reason in the facts)."""
+        f = self.f
         self.weight_seed = self.rng.randrange(1, 2**31)
         self.base = None
         built: dict[str, bool] = {}  # shape key -> the candidate's model was built
         # shape key -> buffers, allocated once and refilled by later trials; a shape variant's are views of the task
         # shape's where they fit (buffers.prefix_view), so the judge holds one set of buffers whatever the trials
-        bufs: dict[str, dict] = {}
+        bufs: dict[str, TrialBuffers] = {}
         for i, (order, kind, shape, seed, transform) in enumerate(self.plan()):
             base_trial = kind == "seed"
             try:
-                with stage(f, "trial_inputs"):
-                    raw = raw_inputs(self.task, shape, seed, self.j.device)
-                    layout = _layout(raw, cfg.precision)
-                    b = bufs.get(shape.key)
-                    if b is None or not _same_layout(b["layout"], layout):
-                        within = bufs.get(Shape().key) if shape.overrides else None
-                        b = bufs[shape.key] = self.buffers_for(shape, raw, layout, seed, transform, within)
-                    else:
-                        self.fill(b, raw, seed, transform)
-                    del raw  # the task's own tensors: only the judge's buffers stay
-                with stage(f, "trial_reference"):
-                    r = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in_ref"],
-                                                  outputs=b["ref_refs"]))
-                if not r.ok:
-                    raise RuntimeError(r.error)
-                self.trial_call_ms["ref"] = min(self.trial_call_ms["ref"], r.seconds * 1e3)
-                ref_vals = _fill_values(b["ref_out"], r.spec)
+                b, ref_vals = self.reference_trial(bufs, shape, seed, transform)
             except BaseException as e:
                 if base_trial:
                     # the exception's line, from its start: an out-of-memory message lists every process on the
@@ -482,66 +490,113 @@ class _Run:
             trial = Trial(kind=kind)
             f.trials.append(trial)
             rank[id(trial)] = order
-            if shape.key not in built:
-                r = self.ccall(self._model_cmd(shape))
-                built[shape.key] = r.ok
-                if not r.ok:
-                    trial.error, trial.reason = r.error, "constructing ModelNew failed: " + _last_line(r.error)
-                    f.fatal = f.fatal or r.fatal
-                    if r.fatal:
-                        return False
-                    continue
-            if not built[shape.key]:
-                trial.reason = "constructing ModelNew failed"
+            model = self.candidate_model(shape, built, trial)
+            if model is None:
+                return False
+            if not model:
                 continue
-            with stage(f, "trial_checks"):
-                pristine = clone_tree(b["shared"])
-            try:
-                with stage(f, "trial_candidate"):
-                    r = self.call_candidate(shape, b, trial)
-            except WorkerDied as e:  # this trial crashed it (a bound hard-coded for another shape): a failed trial
-                trial.error = trial.reason = _crash(e, self.j.backend, 300)
-                return True  # the trials run so far stand; nothing more can run
-            with stage(f, "trial_checks"):
-                # checked before the comparison, so the copy is gone before the comparison's temporaries exist
-                changed = inputs_unchanged(pristine, b["shared"]) if r is not None else None
-                del pristine
-                res = None if r is None else self.check(r, b, ref_vals, tol, rel)
-            if res is not None and res.rel_error is not None and not changed:
-                res = self.conditioned(res, r, b, ref_vals, tol, rel, shape, seed, transform)
-            if r is None:
-                if f.fatal:
-                    return False
-                continue
-            if res.ok and changed:
-                res.ok, res.reason = False, changed
-            if res.ok and i == 0:
-                # Determinism: the same inputs again (unchanged: checked above), against the first run's output. The
-                # judge keeps that output in the reference's output buffer, whose values are compared already and
-                # which the candidate cannot map; its own buffer is poisoned again before the second run.
-                for o, kept in zip(b["cand_out"], b["ref_out"]):
-                    if kept is not None:
-                        kept.copy_(o)
-                first = _fill_values(b["ref_out"], r.spec)
-                with stage(f, "trial_candidate"):
-                    again = self.call_candidate(shape, b, trial)
-                if again is None:  # raising instead of answering must not skip the check
-                    res.ok, res.reason = False, "the second run on the same inputs raised: " + trial.reason
-                else:
-                    with stage(f, "trial_checks"):
-                        again = self.check(again, b, first, tol, None)
-                    if not again.ok:
-                        res.ok, res.reason = False, "two runs on the same inputs disagree: " + again.reason
-                del first
-                self.base = {"key": shape.key, **b}
-            trial.passed, trial.reason = res.ok, res.reason
-            trial.max_abs, trial.mean_abs, trial.where = res.max_abs, res.mean_abs, res.where
+            end = self.candidate_trial(trial, shape, seed, transform, b, ref_vals, first=i == 0)
+            if end is not None:
+                return end
         if not f.trials:
             f.task_error = f"no correctness trial of {task_key} could run"
             return False
         return True
 
-    def conditioned(self, res: Comparison, r: SubjectReply, b: dict, ref_vals, tol: float, rel: float,
+    def reference_trial(self, bufs: dict[str, TrialBuffers], shape: Shape, seed: int,
+                        transform: str) -> tuple[TrialBuffers, list]:
+        """A trial's inputs in its shape's buffers (allocated, or refilled when `bufs` has them in the same layout),
+        then the reference's run on them: the buffers and the reference's output values. Raises when the reference
+        fails."""
+        f, cfg = self.f, self.cfg
+        with stage(f, "trial_inputs"):
+            raw = raw_inputs(self.task, shape, seed, self.j.device)
+            layout = _layout(raw, cfg.precision)
+            b = bufs.get(shape.key)
+            if b is None or not _same_layout(b.layout, layout):
+                within = bufs.get(Shape().key) if shape.overrides else None
+                b = bufs[shape.key] = self.buffers_for(shape, raw, layout, seed, transform, within)
+            else:
+                self.fill(b.cand_in, b.ref_in, raw, seed, transform)
+            del raw  # the task's own tensors: only the judge's buffers stay
+        with stage(f, "trial_reference"):
+            r = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=b.ref_in_refs, outputs=b.ref_out_refs))
+        if not r.ok:
+            raise RuntimeError(r.error)
+        self.trial_call_ms["ref"] = min(self.trial_call_ms["ref"], r.seconds * 1e3)
+        return b, _fill_values(b.ref_out, r.spec)
+
+    def candidate_model(self, shape: Shape, built: dict[str, bool], trial: Trial) -> bool | None:
+        """The candidate's model of `shape`, built the first time the shape comes up (`built` remembers whether it
+        was). True: it is there to run; False: not (the trial says why); None: building it failed fatally."""
+        if shape.key not in built:
+            r = self.ccall(self._model_cmd(shape))
+            built[shape.key] = r.ok
+            if not r.ok:
+                trial.error, trial.reason = r.error, "constructing ModelNew failed: " + _last_line(r.error)
+                self.f.fatal = self.f.fatal or r.fatal
+                return None if r.fatal else False
+        if not built[shape.key]:
+            trial.reason = "constructing ModelNew failed"
+            return False
+        return True
+
+    def candidate_trial(self, trial: Trial, shape: Shape, seed: int, transform: str, b: TrialBuffers, ref_vals: list,
+                        first: bool) -> bool | None:
+        """The candidate's run on the trial's inputs, checked against the reference's output (`ref_vals`) and for
+        inputs it changed; the `first` trial (the base shape) is run twice, for determinism, and its buffers become
+        the base trial's if it passes. The verdict goes into `trial`. None: go on with the next trial; True or False:
+        the trials end here, with that result."""
+        f, cfg = self.f, self.cfg
+        tol, rel = cfg.tolerance(), cfg.rel_tolerance()
+        with stage(f, "trial_checks"):
+            pristine = clone_tree(b.cand_in)
+        try:
+            with stage(f, "trial_candidate"):
+                r = self.call_candidate(shape, b, trial)
+        except WorkerDied as e:  # this trial crashed it (a bound hard-coded for another shape): a failed trial
+            trial.error = trial.reason = _crash(e, self.j.backend, 300)
+            return True  # the trials run so far stand; nothing more can run
+        with stage(f, "trial_checks"):
+            # checked before the comparison, so the copy is gone before the comparison's temporaries exist
+            changed = inputs_unchanged(pristine, b.cand_in) if r is not None else None
+            del pristine
+            res = None if r is None else self.check(r, b, ref_vals, tol, rel)
+        if r is None:
+            return False if f.fatal else None
+        if res.rel_error is not None and not changed:
+            res = self.conditioned(res, r, b, ref_vals, tol, rel, shape, seed, transform)
+        if res.ok and changed:
+            res.ok, res.reason = False, changed
+        if res.ok and first:
+            self.determinism(res, r, shape, b, trial, tol)
+            self.base = b
+        trial.passed, trial.reason = res.ok, res.reason
+        trial.max_abs, trial.mean_abs, trial.where = res.max_abs, res.mean_abs, res.where
+        return None
+
+    def determinism(self, res: Comparison, r: SubjectReply, shape: Shape, b: TrialBuffers, trial: Trial, tol: float):
+        """The same inputs again (unchanged: checked before), against the first run's output (`r`): `res` refused
+        when the second run raises or disagrees. The judge keeps that output in the reference's output buffer, whose
+        values are compared already and which the candidate cannot map; its own buffer is poisoned again before the
+        second run."""
+        f = self.f
+        for o, kept in zip(b.cand_out, b.ref_out):
+            if kept is not None:
+                kept.copy_(o)
+        first = _fill_values(b.ref_out, r.spec)
+        with stage(f, "trial_candidate"):
+            again = self.call_candidate(shape, b, trial)
+        if again is None:  # raising instead of answering must not skip the check
+            res.ok, res.reason = False, "the second run on the same inputs raised: " + trial.reason
+        else:
+            with stage(f, "trial_checks"):
+                again = self.check(again, b, first, tol, None)
+            if not again.ok:
+                res.ok, res.reason = False, "two runs on the same inputs disagree: " + again.reason
+        del first
+
+    def conditioned(self, res: Comparison, r: SubjectReply, b: TrialBuffers, ref_vals, tol: float, rel: float,
                     shape: Shape, seed: int, transform: str) -> Comparison:
         """A trial the relative check alone refused, judged again against the reference's own float32 error: where
         that reference is itself far from float64 (a difference of two nearly equal numbers: `mish(x) - x` at x ~ 8
@@ -561,32 +616,39 @@ class _Run:
         return again
 
     def buffers_for(self, shape: Shape, raw: list, layout: list, seed: int, transform: str,
-                    within: dict | None) -> dict:
+                    within: TrialBuffers | None) -> TrialBuffers:
         """Input and output buffers of one shape, filled with `raw`'s trial values: the reference builds its model and
-        reports its output's layout. `within`: the task shape's buffers, whose first elements hold this shape's where
-        they fit (same dtype, no more elements); anything that does not fit gets a buffer of its own."""
+        reports its output's layout. The inputs twice: the candidate's copy (in its own directory or memory pool,
+        read-only to it where the platform allows) and the reference's (in the judge's, which the candidate cannot
+        map), so nothing the candidate or a process it left behind writes reaches the reference's inputs. `within`:
+        the task shape's buffers, whose first elements hold this shape's where they fit (same dtype, no more
+        elements); anything that does not fit gets a buffer of its own."""
         r = self.rcall(self._model_cmd(shape))
         if not r.ok:
             raise RuntimeError(r.error)
-        b = {"layout": layout, **self.share_inputs(layout, within)}
-        self.fill(b, raw, seed, transform)
-        spec = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in_ref"]))
+        cand_in, cand_in_refs = self.share(layout, "cand", None if within is None else (within.cand_in,
+                                                                                        within.cand_in_refs))
+        ref_in, ref_in_refs = self.share(layout, "ref", None if within is None else (within.ref_in, within.ref_in_refs))
+        self.fill(cand_in, ref_in, raw, seed, transform)
+        spec = self.rcall(SubjectCommand(op="run", shape_key=shape.key, inputs=ref_in_refs))
         if not spec.ok:
             raise RuntimeError(spec.error)
-        ref_out, ref_refs = self.alloc_outputs(spec.spec, False,
-                                               None if within is None else (within["ref_out"], within["ref_refs"]))
-        cand_out, cand_refs = self.alloc_outputs(spec.spec, True,
-                                                 None if within is None else (within["cand_out"], within["cand_refs"]))
-        return {**b, "spec": spec.spec, "ref_out": ref_out, "ref_refs": ref_refs, "cand_out": cand_out,
-                "cand_refs": cand_refs}
+        ref_out, ref_out_refs = self.alloc_outputs(spec.spec, False,
+                                                   None if within is None else (within.ref_out, within.ref_out_refs))
+        cand_out, cand_out_refs = self.alloc_outputs(spec.spec, True,
+                                                     None if within is None else (within.cand_out,
+                                                                                  within.cand_out_refs))
+        return TrialBuffers(key=shape.key, layout=layout, cand_in=cand_in, cand_in_refs=cand_in_refs, ref_in=ref_in,
+                            ref_in_refs=ref_in_refs, spec=spec.spec, ref_out=ref_out, ref_out_refs=ref_out_refs,
+                            cand_out=cand_out, cand_out_refs=cand_out_refs)
 
-    def fill(self, b: dict, raw: list, seed: int, transform: str = ""):
+    def fill(self, cand_in: list, ref_in: list, raw: list, seed: int, transform: str = ""):
         """A trial's input values (raw_inputs' tensors, the float variant applied, in the precision) written into the
-        reference's copy of the inputs a slice at a time, then copied into the candidate's; then wait for the copy:
-        the subjects read them from other processes, which no stream orders after this one (unsynchronised, they saw
-        the previous trial's inputs on large tensors)."""
-        fill_inputs(b["shared_ref"], raw, seed, self.j.device, self.cfg.precision, transform)
-        for c, r in zip(b["shared"], b["shared_ref"]):  # the candidate's copy from the one it cannot map
+        reference's copy of the inputs (`ref_in`) a slice at a time, then copied into the candidate's (`cand_in`);
+        then wait for the copy: the subjects read them from other processes, which no stream orders after this one
+        (unsynchronised, they saw the previous trial's inputs on large tensors)."""
+        fill_inputs(ref_in, raw, seed, self.j.device, self.cfg.precision, transform)
+        for c, r in zip(cand_in, ref_in):  # the candidate's copy from the one it cannot map
             if isinstance(c, torch.Tensor):
                 c.copy_(r)
         self.j.backend.synchronize()
@@ -595,19 +657,19 @@ class _Run:
         return SubjectCommand(op="build_model", shape_key=shape.key, overrides=shape.overrides,
                               weight_seed=self.weight_seed, precision=self.cfg.precision)
 
-    def poison_outputs(self, b: dict):
+    def poison_outputs(self, b: TrialBuffers):
         """The candidate's output buffers overwritten (NaN, or random bits) and the device synchronised before it runs:
         a candidate that writes nothing finds nothing of a previous run there."""
-        for t in b["cand_out"]:
+        for t in b.cand_out:
             if t is not None:
                 buffers.poison(t, self.rng.randrange(1, 2**31))
         self.j.backend.synchronize()
 
-    def call_candidate(self, shape, b: dict, trial) -> SubjectReply | None:
+    def call_candidate(self, shape: Shape, b: TrialBuffers, trial: Trial) -> SubjectReply | None:
         """One candidate forward into its (poisoned) output buffers; None when it raised."""
         self.poison_outputs(b)
-        r = self.ccall(SubjectCommand(op="run", shape_key=shape.key, inputs=b["in"], outputs=b["cand_refs"],
-                                      poison_bytes=tensor_bytes(b["cand_out"])))
+        r = self.ccall(SubjectCommand(op="run", shape_key=shape.key, inputs=b.cand_in_refs, outputs=b.cand_out_refs,
+                                      poison_bytes=tensor_bytes(b.cand_out)))
         if not r.ok:
             trial.error, trial.reason = r.error, _last_line(r.error)
             self.f.fatal = self.f.fatal or r.fatal
@@ -615,26 +677,15 @@ class _Run:
         self.trial_call_ms["cand"] = min(self.trial_call_ms["cand"], r.seconds * 1e3)
         return r
 
-    def check(self, r: SubjectReply, b: dict, expected, tol, rel) -> Comparison:
+    def check(self, r: SubjectReply, b: TrialBuffers, expected, tol, rel) -> Comparison:
         """The candidate's reported output structure, then its values in the judge's buffers, against `expected`."""
-        problem = _spec_problem(r.spec, b["spec"])
+        problem = _spec_problem(r.spec, b.spec)
         if problem:
             return Comparison(False, problem)
-        got = _fill_values(b["cand_out"], r.spec)
+        got = _fill_values(b.cand_out, r.spec)
         if len(got) == 1:  # one output: report it as `out`, not `out[0]`
             return compare(got[0], expected[0], tol, rel)
         return compare(got, expected, tol, rel)
-
-    def share_inputs(self, layout: list, within: dict | None = None) -> dict:
-        """Input buffers of one shape, twice: the candidate's copy ("shared", refs "in": in its own directory or
-        memory pool, read-only to it where the platform allows) and the reference's ("shared_ref", "in_ref": in the
-        judge's, which the candidate cannot map), so nothing the candidate or a process it left behind writes reaches
-        the reference's inputs; or views of `within`'s."""
-        out = {}
-        for side, tensors, refs in (("cand", "shared", "in"), ("ref", "shared_ref", "in_ref")):
-            views = None if within is None else (within[tensors], within[refs])
-            out[tensors], out[refs] = self.share(layout, side, views)
-        return out
 
     def share(self, layout: list, side: str, within: tuple | None = None) -> tuple[list, list]:
         """One copy of a set of inputs for `side` ("cand" or "ref"): the judge's tensors and what the subject opens."""
@@ -690,8 +741,8 @@ class _Run:
         if self.f.timing is None:
             return False
         b = self.base
-        self.f.bytes = tensor_bytes(b["shared"]) + tensor_bytes(b["ref_out"])
-        r = self.rcall(SubjectCommand(op="flops", shape_key=b["key"], inputs=b["in_ref"]))
+        self.f.bytes = tensor_bytes(b.cand_in) + tensor_bytes(b.ref_out)
+        r = self.rcall(SubjectCommand(op="flops", shape_key=b.key, inputs=b.ref_in_refs))
         self.f.flops = r.flops if r.ok else 0.0
         if self.j._rates is None:
             self.j._rates = self.j.backend.peak_rates()
@@ -703,11 +754,11 @@ class _Run:
         inputs with device events (host clock on the cpu), means compared. Comparable with published fast_p
         figures; not tamper-proof, since the candidate's process reports its own time."""
         b, tc = self.base, self.cfg.timing
-        cmd = dict(op="kb_time", shape_key=b["key"], trials=max(tc.max_reps, 1))
+        cmd = dict(op="kb_time", shape_key=b.key, trials=max(tc.max_reps, 1))
         times = {}
         for side in ("ref", "cand"):
             r = (self.ccall if side == "cand" else self.rcall)(
-                SubjectCommand(**cmd, inputs=b["in"] if side == "cand" else b["in_ref"]))
+                SubjectCommand(**cmd, inputs=b.cand_in_refs if side == "cand" else b.ref_in_refs))
             if not r.ok:
                 self.f.timing_error = r.error
                 return
@@ -721,7 +772,7 @@ class _Run:
     def floor(self) -> float:
         """The protocol's own cost: median round trip of a block of no calls to the clean reference subject."""
         if self.j._floor is None:
-            ref, cmd = self.j._reference(), SubjectCommand(op="block", shape_key=self.base["key"], sets=[])
+            ref, cmd = self.j._reference(), SubjectCommand(op="block", shape_key=self.base.key, sets=[])
             self.j._floor = statistics.median(ref.block(cmd, self.left(), spin=self.j.device.type != "cpu").ms
                                               for _ in range(10))
         return self.j._floor

@@ -76,8 +76,10 @@ class Window:
         self.sent = {"ref": False, "cand": False, "comp": False}  # the arm's process has this window's sets
 
     # ---- the window -------------------------------------------------------------------------------------------------
-    def go(self) -> bool:  # noqa: C901
-        """Time the candidate; True when it is to be timed again alone (side-by-side window, device busy after it)."""
+    def go(self) -> bool:
+        """Time the candidate; True when it is to be timed again alone (side-by-side window, device busy after it).
+        Planned, the window's rounds (_rounds), then the checks after it: each refuses a speed with its reason in the
+        facts, and only a candidate that passes them all has its speed reported."""
         run, f, tc = self.run, self.f, self.cfg.timing
         backend = self.j.backend
         with stage(f, "timing_compile_baseline"):
@@ -92,37 +94,9 @@ class Window:
             self._allocate()
         idle = run.idle_cpu()
         gate = QuietGate(run.cand.pid, self.j.device, backend.synchronize) if self.j.device.type != "cpu" else None
-        t_begin, rounds = time.perf_counter(), 0
         try:
-            while True:
-                with stage(f, "timing_fill"):
-                    self._fill()
-                order = list(self.arms)
-                self.rng.shuffle(order)  # a secret arm order: nothing can time itself against a fixed sequence
-                got = {}
-                with stage(f, "timing_blocks"):
-                    for arm in order:
-                        if arm in self.arms:
-                            got[arm] = self._block(arm, gate, idle)
-                with stage(f, "timing_check"):
-                    problem = self._check_rows(rounds)
-                if problem:
-                    f.spot_check = problem
-                    return False
-                if rounds >= tc.warmup:
-                    for arm in self.arms:
-                        self.ms[arm].append(got[arm].ms / self.calls)
-                    for arm in ("ref", "cand"):
-                        self.outside[arm].append(got[arm].prepare_ms + got[arm].readback_ms)
-                    self.ref_self.append(got["ref"].reply.self_ms / self.calls)
-                rounds += 1
-                n = len(self.ms["cand"])
-                if n >= tc.max_reps or (gate is not None and _convicted(gate.waits, time.perf_counter() - t_begin,
-                                                                        tc.budget_s)):
-                    break
-                if n >= tc.min_reps and (max(rse(s) for s in self.ms.values() if s) < tc.rse_target
-                                         or time.perf_counter() - t_begin > tc.budget_s):
-                    break
+            if not self._rounds(gate, idle):
+                return False
         except (WorkerTimeout, WorkerDied):
             raise
         except BaseException as e:
@@ -132,32 +106,113 @@ class Window:
             if gate is not None:
                 gate.resume()
         idle.stop()
-        if self._continued() != continued:
-            f.busy_after_return = ("the reference's or the judge's process was stopped and continued while timed "
-                                   "(a signal from another process): no speed can be measured")
+        if self._stopped_meanwhile(continued):
             return False
-        waits = None
-        if gate is not None:
-            waits = gate.waits
-            quiet_after_kill = None
-            if waits["cand"] and statistics.median(waits["cand"]) > LEFT_RUNNING_MS:  # busy after its blocks: whose?
-                if not self.alone:  # its work or the neighbours'? Asked after the window, its leftovers would have
-                    return True  # drained: timed again alone instead (judge.go)
-                run.close_candidate()
-                quiet_after_kill = gate.quiet_now()
-            f.busy_after_return = left_running(waits["cand"], waits["ref"], quiet_after_kill)
-            if f.busy_after_return:
+        if gate is not None and self._busy_after_blocks(gate) and not self.alone:
+            # its work or the neighbours'? Asked after the window, its leftovers would have drained: timed again
+            # alone instead (judge.go)
+            return True
+        if gate is not None and self._left_running(gate):
+            return False
+        if self._cpu_used_between_blocks(idle) or self._faster_than_probed(None if gate is None else gate.waits):
+            return False
+        self._report(floor, None if gate is None else gate.waits)
+        return False
+
+    def _rounds(self, gate: QuietGate | None, idle) -> bool:
+        """The window's rounds until the stop rule (_enough) ends them: each round fresh inputs, one block of each arm
+        in a secret order, every call's output checked, then (after the warm-up rounds) its times recorded. False: a
+        timed call's output was wrong (f.spot_check says which)."""
+        f = self.f
+        t_begin, rounds = time.perf_counter(), 0
+        while True:
+            with stage(f, "timing_fill"):
+                self._fill()
+            order = list(self.arms)
+            self.rng.shuffle(order)  # a secret arm order: nothing can time itself against a fixed sequence
+            got = {}
+            with stage(f, "timing_blocks"):
+                for arm in order:
+                    if arm in self.arms:
+                        got[arm] = self._block(arm, gate, idle)
+            with stage(f, "timing_check"):
+                problem = self._check_rows(rounds)
+            if problem:
+                f.spot_check = problem
                 return False
-        if self.j.backend.device_type == "cpu" and idle.busy(sum(self.ms["ref"]) * self.calls / 1e3):
-            f.busy_after_return = (f"the candidate process used {idle.ns / 1e6:.1f} ms of CPU after forward returned, "
-                                   "between its timed blocks (work left running in the background)")
+            if rounds >= self.cfg.timing.warmup:
+                self._record(got)
+            rounds += 1
+            if self._enough(gate, t_begin):
+                return True
+
+    def _record(self, got: dict[str, Block]):
+        """A counted round's times: each arm's per call, the preparation and read-back of each side's block, and the
+        reference's own time a call as it measured it."""
+        for arm in self.arms:
+            self.ms[arm].append(got[arm].ms / self.calls)
+        for arm in ("ref", "cand"):
+            self.outside[arm].append(got[arm].prepare_ms + got[arm].readback_ms)
+        self.ref_self.append(got["ref"].reply.self_ms / self.calls)
+
+    def _enough(self, gate: QuietGate | None, t_begin: float) -> bool:
+        """The stop rule, after each round: `max_reps` counted rounds, or the quiet gate's waits already refuse the
+        candidate with the budget spent (_convicted); else, from `min_reps` on, every arm's times within
+        `rse_target`, or the window's budget spent."""
+        tc, n = self.cfg.timing, len(self.ms["cand"])
+        if n >= tc.max_reps or (gate is not None and _convicted(gate.waits, time.perf_counter() - t_begin,
+                                                                tc.budget_s)):
+            return True
+        return n >= tc.min_reps and (max(rse(s) for s in self.ms.values() if s) < tc.rse_target
+                                     or time.perf_counter() - t_begin > tc.budget_s)
+
+    # ---- after the window -----------------------------------------------------------------------------------------
+    def _stopped_meanwhile(self, continued: int) -> bool:
+        """The reference's or the judge's process was stopped and continued while the window ran (`continued`: their
+        count of SIGCONTs before it): a refusal."""
+        if self._continued() == continued:
             return False
+        self.f.busy_after_return = ("the reference's or the judge's process was stopped and continued while timed "
+                                    "(a signal from another process): no speed can be measured")
+        return True
+
+    @staticmethod
+    def _busy_after_blocks(gate: QuietGate) -> bool:
+        """The device stayed busy after the candidate's blocks (median quiet wait over LEFT_RUNNING_MS): whose work
+        was it?"""
+        waits = gate.waits["cand"]
+        return bool(waits) and statistics.median(waits) > LEFT_RUNNING_MS
+
+    def _left_running(self, gate: QuietGate) -> bool:
+        """The quiet gate's rule (timing.left_running): the candidate left work running after its blocks, a refusal.
+        Timed alone, a device busy after its blocks is asked again with its process gone."""
+        waits, quiet_after_kill = gate.waits, None
+        if self._busy_after_blocks(gate):  # alone here: go returned for a side-by-side window
+            self.run.close_candidate()
+            quiet_after_kill = gate.quiet_now()
+        self.f.busy_after_return = left_running(waits["cand"], waits["ref"], quiet_after_kill)
+        return bool(self.f.busy_after_return)
+
+    def _cpu_used_between_blocks(self, idle) -> bool:
+        """cpu: the candidate's process computed between its timed blocks (work left running in the background), a
+        refusal."""
+        if self.j.backend.device_type == "cpu" and idle.busy(sum(self.ms["ref"]) * self.calls / 1e3):
+            self.f.busy_after_return = (f"the candidate process used {idle.ns / 1e6:.1f} ms of CPU after forward "
+                                        "returned, between its timed blocks (work left running in the background)")
+            return True
+        return False
+
+    def _faster_than_probed(self, waits) -> bool:
+        """The candidate's own slow probe capped the blocks and its timed calls then ran far faster (timing.
+        faster_than_probed), a refusal; with the quiet gate's waits after each side's blocks, which say whether its
+        work ran on after them (the gate did not refuse it: they were under its threshold, or the reference's too)."""
         problem = faster_than_probed(self.capped, self.probed_cand, statistics.median(self.ms["cand"]))
         if problem:
-            f.timing_error = problem
-            return False
-        self._report(floor, waits)
-        return False
+            if waits and waits["cand"] and waits["ref"]:
+                problem += (f" (the device became quiet {statistics.median(waits['cand']):.3g} ms after its blocks, "
+                            f"{statistics.median(waits['ref']):.3g} ms after the reference's, medians)")
+            self.f.timing_error = problem
+        return bool(problem)
 
     def _report(self, floor: float, waits):
         f, ms, n = self.f, self.ms, self.calls
@@ -189,7 +244,7 @@ class Window:
         backend.synchronize()
         side = "cand" if arm == "cand" else "ref"
         rows = self.rows.get(arm)
-        cmd = SubjectCommand(op="block", shape_key="compiled" if arm == "comp" else run.base["key"],
+        cmd = SubjectCommand(op="block", shape_key="compiled" if arm == "comp" else run.base.key,
                              sets=None if self.sent[arm] else self.refs[side], graph=self.graph,
                              outputs=None if rows is None else rows[1])
         self.sent[arm] = True
@@ -225,7 +280,7 @@ class Window:
         run, b = self.run, self.run.base
         r = run.rcall(SubjectCommand(op="build_model", shape_key="compiled", weight_seed=run.weight_seed,
                                      precision=self.cfg.precision, compiled=True))
-        return r.ok and run.rcall(SubjectCommand(op="run", shape_key="compiled", inputs=b["in_ref"])).ok
+        return r.ok and run.rcall(SubjectCommand(op="run", shape_key="compiled", inputs=b.ref_in_refs)).ok
 
     def _continued(self) -> int:
         """SIGCONTs the reference's and the judge's processes received: they are never stopped on purpose."""
@@ -243,7 +298,7 @@ class Window:
         if per_call is None:  # a side could not be captured: eager calls on both
             self.graph = False
             per_call = self._probe()
-        set_bytes, out_bytes = tensor_bytes(b["shared"]), tensor_bytes(b["ref_out"])
+        set_bytes, out_bytes = tensor_bytes(b.cand_in), tensor_bytes(b.ref_out)
         backend = self.j.backend
         plan = functools.partial(plan_calls, min(per_call), set_bytes, out_bytes, backend.cache_bytes(), tc.block_ms,
                                  tc.block_mem_gb * 2**30, backend.free_bytes())
@@ -260,13 +315,13 @@ class Window:
         per_call = []
         for side in ("ref", "cand"):
             subject = run.cand if side == "cand" else self.j._reference()
-            inputs = b["in"] if side == "cand" else b["in_ref"]
+            inputs = b.cand_in_refs if side == "cand" else b.ref_in_refs
             times: dict[int, list[float]] = {1: [], 8: []}
             for n in (1, 1, 1, 8, 8, 8):
                 if n == 8 and statistics.median(times[1]) > self.cfg.timing.block_max_ms / 8:
                     break
                 fresh = not times[n]  # the sets (and a capture) with the first block of each size
-                cmd = SubjectCommand(op="block", shape_key=b["key"], sets=[inputs] * n if fresh else None,
+                cmd = SubjectCommand(op="block", shape_key=b.key, sets=[inputs] * n if fresh else None,
                                      graph=self.graph)
                 got = subject.block(cmd, run.left(), run.j._serve_builds(run.builds) if side == "cand" else None,
                                     spin=self.j.device.type != "cpu")
@@ -292,21 +347,21 @@ class Window:
         a window then costs the judge no memory beyond the trials'."""
         run, b = self.run, self.run.base
         if self.calls == 1:
-            self.sets = {"cand": [b["shared"]], "ref": [b["shared_ref"]]}
-            self.refs = {"cand": [b["in"]], "ref": [b["in_ref"]]}
-            for arm, outs, refs in (("cand", b["cand_out"], b["cand_refs"]), ("ref", b["ref_out"], b["ref_refs"])):
+            self.sets = {"cand": [b.cand_in], "ref": [b.ref_in]}
+            self.refs = {"cand": [b.cand_in_refs], "ref": [b.ref_in_refs]}
+            for arm, outs, refs in (("cand", b.cand_out, b.cand_out_refs), ("ref", b.ref_out, b.ref_out_refs)):
                 views = [None if t is None else buffers.prefix_view(t, ref, [1, *t.shape], t.dtype)
                          for t, ref in zip(outs, refs)]
                 self.rows[arm] = ([v and v[0] for v in views], [v and v[1] for v in views])
             return
         for _ in range(self.calls):
             for side in ("cand", "ref"):
-                tensors, refs = run.share(b["layout"], side)
+                tensors, refs = run.share(b.layout, side)
                 self.sets[side].append(tensors)
                 self.refs[side].append(refs)
         for arm in ("cand", "ref"):
             rows, refs = [], []
-            for leaf in b["spec"].leaves:
+            for leaf in b.spec.leaves:
                 if not leaf["tensor"]:
                     rows.append(None)
                     refs.append(None)
