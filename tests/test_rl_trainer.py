@@ -184,8 +184,13 @@ def test_warm_start_records_pick_catalog_examples_cheats_included():
 
 
 def test_warm_start_runs_sft_with_the_rl_runs_defaults(tmp_path, monkeypatch):
-    from musacoder.train import sft
+    import importlib
+
     from musacoder.train.rl.trainer import warm_start
+
+    # the module warm_start imports from (sys.modules), not the package's attribute: a test that re-imports
+    # modules can leave the two apart, and then the real SFT ran here
+    sft = importlib.import_module("musacoder.train.sft")
 
     ran = []
     monkeypatch.setattr(sft, "train_sft", ran.append)
