@@ -15,6 +15,7 @@ from musacoder.bench.clients.openai import OpenAIClient
 from musacoder.bench.store import Row
 from musacoder.cli import app
 from musacoder.data.records import DataError
+from musacoder.data.schema import SolveMeta, line
 from musacoder.synth.clean import known_families, measure_families, with_families
 from musacoder.synth.diagnose import FAMILIES_JSON, WeightRule, family_stats, family_weights
 from musacoder.tasks import builtin_task
@@ -161,8 +162,10 @@ def test_task_records_keep_their_families_and_records_carry_them(tmp_path):
     t, u = load_tasks(f)
     assert t.metadata == {"families": ["matmul", "activation"]}  # nothing else of a file's metadata
     assert known_families(t) == ["matmul", "activation"] and known_families(u) == [] and u.metadata == {}
-    assert with_families({"teacher": "x"}, t) == {"teacher": "x", "families": ["matmul", "activation"]}
-    assert with_families({"teacher": "x"}, u) == {"teacher": "x"}
+    meta = SolveMeta(teacher="x", status="ok", speedup_eager=None)
+    assert json.loads(line(with_families(meta, t))) == {"teacher": "x", "status": "ok", "speedup_eager": None,
+                                                        "families": ["matmul", "activation"]}
+    assert json.loads(line(with_families(meta, u))) == {"teacher": "x", "status": "ok", "speedup_eager": None}
     assert measure_families(GEMM.code, 0.25, 8) == ["matmul", "elementwise", "activation"]
 
 

@@ -7,7 +7,8 @@ One record a line:
      "task": "level1/19_ReLU",        # optional task id
      "metadata": {...}}               # optional; "pool" and "cluster" have a meaning (train/data.py)
 
-A malformed line never stops a load: it becomes a `Problem` naming `file:line`, and every other line is kept.
+A malformed line never stops a load: it becomes a `Problem` naming `file:line`, and every other line is kept. The
+schema is `schema.TrainingRecord`; `validate` says what is wrong in the loader's own words.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("generation", "reviewer", "profiling", "qa", "rewrite", "repair")
-ROLES = ("system", "user", "assistant")
-_FIELDS = {"messages", "kind", "task", "metadata"}
+from pydantic import ValidationError
+
+from musacoder.data.schema import KINDS, ROLES, TrainingRecord, brief, parse
 
 
 class RecordError(ValueError):
@@ -32,6 +33,8 @@ class DataError(ValueError):
 
 @dataclass
 class Record:
+    """A TrainingRecord as training holds it (`validate` makes one), with where it came from."""
+
     messages: list[dict]
     kind: str = "generation"
     task: str | None = None
@@ -70,43 +73,43 @@ class Source:
         return cls(str(s))
 
 
+def validated(model: type[TrainingRecord], obj) -> TrainingRecord:
+    """obj as `model` (TrainingRecord, or one of the synth kinds of data/schema.py), or RecordError saying why not."""
+    try:
+        return parse(model, obj)
+    except ValidationError as e:
+        raise RecordError(_why(e, obj)) from None
+
+
 def validate(obj) -> Record:
     """A Record from one decoded JSON value, or RecordError saying what is wrong."""
-    if not isinstance(obj, dict):
-        raise RecordError(f"a record is a JSON object, not {type(obj).__name__}")
-    if unknown := set(obj) - _FIELDS:
-        raise RecordError(f"unknown field(s) {sorted(unknown)}; a record has {sorted(_FIELDS)}")
-    msgs = obj.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise RecordError("'messages' must be a non-empty list")
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or set(m) - {"role", "content"} or not isinstance(m.get("content"), str):
-            raise RecordError(f"message {i} must be {{'role': ..., 'content': str}}, got {str(m)[:80]!r}")
-        if m.get("role") not in ROLES:
-            raise RecordError(f"message {i} has role {m.get('role')!r}; roles are {', '.join(ROLES)}")
-    first = 1 if msgs[0]["role"] == "system" else 0
-    turns = msgs[first:]
-    for i, m in enumerate(turns):
-        want = "user" if i % 2 == 0 else "assistant"
-        if m["role"] != want:
-            raise RecordError(f"message {first + i} is {m['role']!r}, expected {want!r}: after an optional system "
-                              "message, user and assistant turns alternate, starting with user")
-    if len(turns) < 2 or turns[-1]["role"] != "assistant":
-        raise RecordError("the last message must be an assistant turn (the one trained on)")
-    if not turns[-1]["content"].strip():
-        raise RecordError("the last assistant turn is empty")
-    kind = obj.get("kind", "generation")
-    if kind not in KINDS:
-        raise RecordError(f"kind {kind!r} is not one of {', '.join(KINDS)}")
-    task = obj.get("task")
-    if task is not None and not isinstance(task, str):
-        raise RecordError("'task' must be a string or null")
-    meta = obj.get("metadata", {})
-    if not isinstance(meta, dict):
-        raise RecordError("'metadata' must be an object")
-    if "pool" in meta and not isinstance(meta["pool"], str):
-        raise RecordError("metadata 'pool' must be a string")
-    return Record([dict(m) for m in msgs], kind, task, meta)
+    rec = validated(TrainingRecord, obj)
+    return Record([m.model_dump() for m in rec.messages], rec.kind, rec.task, rec.metadata)
+
+
+_FIELD_WHY = {"messages": "'messages' must be a non-empty list", "task": "'task' must be a string or null",
+              "metadata": "'metadata' must be an object"}
+
+
+def _why(e: ValidationError, obj) -> str:
+    """The first problem of a refused record, said as users of the loader have always read it."""
+    errors = e.errors()
+    if unknown := sorted(str(x["loc"][0]) for x in errors if x["type"] == "extra_forbidden" and len(x["loc"]) == 1):
+        return f"unknown field(s) {unknown}; a record has {sorted(TrainingRecord.model_fields)}"
+    err = errors[0]
+    loc = err["loc"]
+    if err["type"] == "value_error":  # the turns, metadata's pool: the validator's own words
+        return str(err["ctx"]["error"])
+    if not loc:
+        return f"a record is a JSON object, not {type(obj).__name__}"
+    if loc[0] == "messages" and len(loc) > 1:
+        i, m = loc[1], obj["messages"][loc[1]]
+        if all(x["loc"][2:] == ("role",) for x in errors if x["loc"][:2] == ("messages", i)):
+            return f"message {i} has role {m.get('role')!r}; roles are {', '.join(ROLES)}"
+        return f"message {i} must be {{'role': ..., 'content': str}}, got {str(m)[:80]!r}"
+    if loc == ("kind",):
+        return f"kind {obj['kind']!r} is not one of {', '.join(KINDS)}"
+    return _FIELD_WHY[loc[0]] if len(loc) == 1 and loc[0] in _FIELD_WHY else brief(e)
 
 
 def _files(path: Path) -> list[Path]:

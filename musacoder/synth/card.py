@@ -3,9 +3,10 @@
 Every *.jsonl under the given directories is read and recognised by its records, not by its name (files added later
 are counted too): task records (`synth tasks`, `synth variants`), dropped tasks (`problems`), solutions (task,
 teacher, status: every try of `synth solve` with its verdict), judged items (`kept` and `dropped`: mutants.jsonl,
-rewrite_pairs.jsonl) and training records (`messages`, checked by `train.data.validate` as training will read them,
-counted by `kind`). decontam_report.json files are read as `synth decontam` writes them; the kept copy beside a
-report is counted under decontam only when its input is read too. A file name serves only when a file has no
+rewrite_pairs.jsonl, qa_answers.jsonl) and training records (`messages`, checked by `data.records.validate` as
+training will read them, counted by `kind`). A line is parsed as the data/schema.py model of the kind its fields
+name. decontam_report.json files are read as `synth decontam` writes them; the kept copy beside a report is counted
+under decontam only when its input is read too. A file name serves only when a file has no
 readable record (an empty dropped.jsonl is still the tasks stage's).
 
 With eval sets (`--eval`), the card also says how many of its training records and tasks are eval twins: the same
@@ -14,8 +15,9 @@ eval task, and which eval tasks they copy (synth/heldout.py's keys, as `synth tw
 
 A line that is not read is counted with its reason, never raised: a line cut by an interrupted run (the last line
 without its newline, or a cut line a later run appended its next record to, as `tasks.recorded` skips them), a line
-that is not JSON, a record unlike the rest of its file, a training record training would refuse. A file a stage
-always writes beside another (sft.jsonl beside solutions.jsonl) is reported when it is not there.
+that is not JSON, a malformed record (a field missing or of the wrong type), a record unlike the rest of its file, a
+training record training would refuse. A file a stage always writes beside another (sft.jsonl beside solutions.jsonl)
+is reported when it is not there.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from musacoder.bench.report import _cell, _table, pct
-from musacoder.data.records import RecordError, validate
+from musacoder.data.records import Record, RecordError, validate
+from musacoder.data.schema import JUDGED, DroppedTask, MutantRecord, SolutionRecord, TaskRecord, brief, parse
 from musacoder.synth.repair import MUTANTS, REPAIR, REVIEWER
 from musacoder.synth.solve import NO_PROMPT, SFT, SOLUTIONS
 from musacoder.synth.tasks import DROPPED
@@ -49,6 +54,8 @@ SIBLINGS = {SOLUTIONS: ((SFT, "synth solve writes it beside solutions.jsonl"),),
             REPAIR: ((MUTANTS, "synth repair writes it beside repair.jsonl"),),
             REVIEWER: ((MUTANTS, "synth repair writes it beside reviewer.jsonl"),)}
 UNKNOWN = "not recorded"
+# what a line is parsed as once its fields say which role it has (training records: `validate`, as training reads them)
+MODELS = {"tasks": TaskRecord, "dropped": DroppedTask, "solutions": SolutionRecord, "judged": JUDGED}
 SHOWN = 20  # lines of a long list shown in card.md (the JSON has them all)
 
 
@@ -74,6 +81,10 @@ class Scan:
         self.first.setdefault(why, line)
 
 
+class _Unread(ValueError):
+    """A line the card does not read; the message says why (lines are counted by it)."""
+
+
 def _dict(x) -> dict:
     return x if isinstance(x, dict) else {}
 
@@ -92,50 +103,41 @@ def _shape(rec: dict) -> str | None:
     return None
 
 
-def _source(meta: dict) -> str:
-    return "variants" if "variant" in meta else str(meta.get("generator") or "other")
-
-
-def _key(rec: dict) -> str:
-    """Task.key of a task record: how solutions and training records name it."""
-    level = rec.get("level")
-    return f"level{level}/{rec['name']}" if level is not None else str(rec["name"])
-
-
 def _category(reason) -> str:
     """'<category>: <detail>' -> category, the writers' own grouping of reasons."""
     return str(reason).split(":", 1)[0].strip()
 
 
-def _verdict(rec: dict) -> dict:
-    v = _dict(rec.get("verdict"))
+def _verdict(v: dict | None) -> dict:
+    """A verdict's provenance (Verdict.to_dict(): the verifier's schema, read as it is)."""
+    v = v or {}
     versions = _dict(v.get("versions"))
     return {"versions": json.dumps(versions, sort_keys=True) if versions else None, "device": v.get("device") or None,
             "verdict_backend": v.get("backend") or None}
 
 
-def _slim(shape: str, rec: dict) -> dict:
-    """The fields the card counts, so that a large solutions file is not held in memory."""
-    meta = _dict(rec.get("metadata"))
-    if shape in ("tasks", "dropped"):
-        fams, problems = meta.get("families"), rec.get("problems") or []
-        return {"key": _key(rec), "source": _source(meta), "seed": meta.get("seed"),
-                "families": [str(f) for f in fams] if isinstance(fams, list) else [],
-                "problems": [_category(p) for p in (problems if isinstance(problems, list) else [problems])],
-                "spec": json.dumps(meta["spec"], sort_keys=True) if "spec" in meta else None,
-                "variant": meta.get("variant"), "lib": meta.get("source") if meta.get("generator") == "harvest"
-                else None}
-    if shape == "solutions":
-        return {"task": str(rec["task"]), "teacher": str(rec["teacher"]), "backend": str(rec.get("backend")),
-                "status": str(rec["status"]), "reason": _category(rec.get("reason", "")),
-                "prompt": rec.get("prompt"), **_verdict(rec)}
-    if shape == "judged":
-        return {"kept": bool(rec["kept"]), "dropped": None if rec["kept"] else str(rec["dropped"]),
-                "operator": rec.get("operator"), "seed": rec.get("seed"), "mutant": rec.get("mutant"),
-                "backend": rec.get("backend"), **_verdict(rec)}
-    return {"kind": rec.get("kind", "generation"), "task": rec.get("task"),
-            "teacher": str(meta.get("teacher") or meta.get("source") or UNKNOWN), "backend": meta.get("backend"),
-            "mutant": meta.get("mutant")}
+def _slim(rec) -> dict:
+    """The fields the card counts of a parsed record, so that a large solutions file is not held in memory."""
+    if isinstance(rec, TaskRecord):  # a dropped task too
+        meta = rec.metadata
+        return {"key": rec.key, "source": "variants" if meta.variant is not None else meta.generator or "other",
+                "seed": meta.seed, "families": meta.families or [],
+                "problems": [_category(p) for p in rec.problems] if isinstance(rec, DroppedTask) else [],
+                "spec": json.dumps(meta.spec, sort_keys=True) if meta.spec is not None else None,
+                "variant": meta.variant, "lib": meta.source if meta.generator == "harvest" else None}
+    if isinstance(rec, SolutionRecord):
+        return {"task": rec.task, "teacher": str(rec.teacher), "backend": str(rec.backend), "status": rec.status,
+                "reason": _category(rec.reason or ""), "prompt": rec.prompt, **_verdict(rec.verdict)}
+    if isinstance(rec, Record):  # metadata is free in a training record: what it names, if anything
+        meta = rec.metadata
+        return {"kind": rec.kind, "task": rec.task,
+                "teacher": str(meta.get("teacher") or meta.get("source") or UNKNOWN), "backend": meta.get("backend"),
+                "mutant": meta.get("mutant")}
+    # a judged item: the kinds share kept and dropped; operator, mutant and verdict are a mutant's, backend the others'
+    return {"kept": rec.kept, "dropped": None if rec.kept else str(rec.dropped),
+            "operator": getattr(rec, "operator", None), "seed": getattr(rec, "seed", None),
+            "mutant": getattr(rec, "mutant", None), "backend": getattr(rec, "backend", None),
+            **_verdict(rec.verdict if isinstance(rec, MutantRecord) else None)}
 
 
 def _glued(line: str) -> bool:
@@ -152,45 +154,59 @@ def _glued(line: str) -> bool:
     return False
 
 
-def read_jsonl(path: Path) -> Scan:
-    scan = Scan(path)
-    text = path.read_bytes().decode("utf-8", errors="replace")  # a bad byte spoils one line, not the file
-    lines = text.split("\n")
-    open_end = lines[-1] != ""  # the file does not end with a newline: its last line may be cut
+def _record(line: str, last: bool) -> tuple[str, object]:
+    """(role, the parsed record) of one line, or _Unread saying why it is not read; `last`: the file's last line,
+    without its newline (an interrupted run may have cut it)."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        raise _Unread(CUT if last or _glued(line) else NOT_JSON) from None
+    if not isinstance(rec, dict):
+        raise _Unread(f"a JSON {type(rec).__name__}, not an object")
+    shape = _shape(rec)
+    if shape is None:
+        raise _Unread("not a synth record (fields: " + ", ".join(sorted(rec)[:6]) + ")")
+    try:
+        return shape, validate(rec) if shape == "sft" else parse(MODELS[shape], rec)
+    except RecordError as e:
+        raise _Unread(f"training would refuse it: {e}") from None
+    except ValidationError as e:
+        raise _Unread(f"a malformed record of {ROLES[shape]}: {brief(e)}") from None
+
+
+def _lines(path: Path) -> tuple[list[str], bool]:
+    """A file's lines, and whether its last one has no newline (so it may be cut)."""
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")  # a bad byte spoils one line, not all
+    open_end = lines[-1] != ""
     if not open_end:
         lines.pop()
-    scan.lines = len(lines)
-    read: list[tuple[int, str, dict]] = []
+    return lines, open_end
+
+
+def _parsed(lines: list[str], open_end: bool) -> tuple[list[tuple[int, str, object]], list[tuple[int, str]]]:
+    """(line, role, record) of every line read, and (line, why) of every other non-blank one."""
+    read, unread = [], []
     for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            scan.bad(n, CUT if (n == len(lines) and open_end) or _glued(line) else NOT_JSON)
-            continue
-        if not isinstance(rec, dict):
-            scan.bad(n, f"a JSON {type(rec).__name__}, not an object")
-            continue
-        shape = _shape(rec)
-        if shape is None:
-            scan.bad(n, "not a synth record (fields: " + ", ".join(sorted(rec)[:6]) + ")")
-            continue
-        if shape == "sft":
+        if line.strip():
             try:
-                validate(rec)
-            except RecordError as e:
-                scan.bad(n, f"training would refuse it: {e}")
-                continue
-        read.append((n, shape, rec))
+                read.append((n, *_record(line, n == len(lines) and open_end)))
+            except _Unread as e:
+                unread.append((n, str(e)))
+    return read, unread
+
+
+def read_jsonl(path: Path) -> Scan:
+    lines, open_end = _lines(path)
+    read, unread = _parsed(lines, open_end)
+    scan = Scan(path, lines=len(lines))
+    for n, why in unread:
+        scan.bad(n, why)
     shapes = Counter(s for _, s, _ in read)
-    if shapes:
-        scan.role = shapes.most_common(1)[0][0]
-    else:  # nothing readable: the name alone says which stage wrote it
-        scan.role = _named(path) or ("unknown" if scan.problems else "empty")
+    # nothing readable: the name alone says which stage wrote it
+    scan.role = shapes.most_common(1)[0][0] if shapes else _named(path) or ("unknown" if unread else "empty")
     for n, shape, rec in read:
         if shape == scan.role:
-            scan.records.append(_slim(shape, rec))
+            scan.records.append(_slim(rec))
         else:
             scan.bad(n, f"{ROLES[shape]}, in a file of {ROLES[scan.role]}")
     return scan
@@ -485,27 +501,32 @@ def counts(scans: list[Scan]) -> dict:
 
 # ---- card.md and plots ---------------------------------------------------------------------------------------------
 
+def _task_codes(scans: list[Scan]) -> list[tuple[str, str]]:
+    """(file:line, task code) of the task and training records the counts are over (read as they were)."""
+    from musacoder.data.decontam import task_code
+
+    mine = []
+    for s in scans:
+        if s.copy_of or s.role not in ("sft", "tasks"):
+            continue
+        for n, role, rec in _parsed(*_lines(s.path))[0]:
+            if role != s.role:  # counted among the lines not read
+                continue
+            code = rec.code if isinstance(rec, TaskRecord) else task_code(rec.to_dict())
+            if code is not None:
+                mine.append((f"{s.path}:{n}", code))
+    return mine
+
+
 def eval_twins(scans: list[Scan], sources: list[str]) -> list[dict]:
     """Per eval set: how many training records and tasks of the scanned files copy one of its tasks (the same
     computation or program), by key, and which eval tasks are copied. Decontaminated copies count once, as the
     counts do."""
-    from musacoder.data.decontam import task_code
     from musacoder.data.keys import Keys
     from musacoder.synth.twins import eval_records, task_key
 
     keys = Keys()
-    mine: list[tuple[str, str]] = []  # (file:line, task code)
-    for s in scans:
-        if s.copy_of or s.role not in ("sft", "tasks"):
-            continue
-        for n, line in enumerate(s.path.read_text(errors="replace").splitlines(), 1):
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # counted among the lines not read
-            code = task_code(rec) if isinstance(rec, dict) else None
-            if code is not None:
-                mine.append((f"{s.path}:{n}", code))
+    mine = _task_codes(scans)
     out = []
     for src in sources:
         evals = eval_records(src)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
+from pydantic import BaseModel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from musacoder.data.opgraph import IGNORED_OPS, families_of
@@ -26,6 +28,7 @@ from musacoder.verifier.inputs import Shape, init_inputs, load_module, make_inpu
 
 THRESHOLD = 0.01  # robust-kbench's
 SEEDS = 3
+M = TypeVar("M", bound=BaseModel)
 
 # aten op -> operator family, for mixing and reporting (first match wins)
 @dataclass
@@ -101,10 +104,11 @@ def known_families(task) -> list[str]:
     return [str(f) for f in fams] if isinstance(fams, list) else []
 
 
-def with_families(meta: dict, task) -> dict:
-    """A training record's metadata plus its task's known families, which SFT mixing weighs by (train/data.py)."""
+def with_families(meta: M, task) -> M:
+    """A training record's metadata (a data/schema.py model) plus its task's known families, which SFT mixing weighs
+    by (train/data.py); without any, as it is (no `families` key written)."""
     fams = known_families(task)
-    return {**meta, "families": fams} if fams else meta
+    return meta.model_copy(update={"families": fams}) if fams else meta
 
 
 def check_task(code: str, size_scale: float = 1.0, min_size: int = 2) -> TaskReport:

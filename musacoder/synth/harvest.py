@@ -41,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from musacoder.config import CorrectnessConfig
+from musacoder.data.schema import TaskMeta, TaskRecord
 from musacoder.synth.clean import check_task
 from musacoder.synth.tasks import done_keys, write_checked
 from musacoder.verifier.inputs import Shape, init_inputs, load_module, make_inputs, scaled_constants
@@ -75,11 +76,10 @@ class Harvested:
         """Stable across library versions and enumeration order (a catalogue index is not)."""
         return int(hashlib.sha256(self.origin.encode()).hexdigest()[:8], 16)
 
-    def record(self, spec: HarvestSpec) -> dict:
-        meta = {"generator": "harvest", "origin": self.origin, "source": self.source, "seed": spec.seed,
-                "size": spec.size}
-        rec = {"name": self.name, "problem_id": self.problem_id, "level": None, "code": self.code, "metadata": meta}
-        return {**rec, "problems": [self.skip]} if self.skip else rec
+    def record(self, spec: HarvestSpec) -> TaskRecord:
+        meta = TaskMeta(generator="harvest", origin=self.origin, source=self.source, seed=spec.seed, size=spec.size)
+        rec = TaskRecord(name=self.name, problem_id=self.problem_id, level=None, code=self.code, metadata=meta)
+        return rec.dropped([self.skip]) if self.skip else rec
 
 
 class E(str):
@@ -1037,7 +1037,7 @@ def harvest_tasks(out: Path, spec: HarvestSpec | None = None, check_scale: float
     if not found:
         raise ValueError("nothing to harvest: no origin of " + ", ".join(spec.libs)
                          + (f" matches {', '.join(spec.match)}" if spec.match else " is installed"))
-    done = done_keys(out, lambda r: r["metadata"]["origin"])
+    done = done_keys(out, lambda r: r.metadata.origin)
     todo = [h for h in found if h.origin not in done]
 
     def check(code: str):

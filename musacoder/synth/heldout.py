@@ -25,6 +25,7 @@ from pathlib import Path
 
 from musacoder.data.decontam import record_name, task_code
 from musacoder.data.keys import Keys
+from musacoder.data.schema import TaskMeta, TaskRecord, line, parse
 
 KEYS = ("graph", "ops")  # what dedupe and split group by
 SPLIT_BY = ("family", "ops", "graph")
@@ -38,18 +39,19 @@ class HeldoutError(ValueError):
 
 def read_records(path: str | Path) -> list[dict]:
     """The JSON objects of a JSONL file, or of every *.jsonl under a directory; HeldoutError naming the line of one
-    that is not an object."""
+    that is not an object. Not parsed as a data/schema.py kind: dedupe, split and twins take task records, training
+    records and task files from elsewhere alike, and find the task in each as decontamination does."""
     path = Path(path)
     files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
     if not path.exists():
         raise HeldoutError(f"{path} does not exist")
     out = []
     for f in files:
-        for n, line in enumerate(f.read_text().splitlines(), 1):
-            if not line.strip():
+        for n, text in enumerate(f.read_text().splitlines(), 1):
+            if not text.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = json.loads(text)
             except json.JSONDecodeError as e:
                 raise HeldoutError(f"{f} line {n}: invalid JSON: {e}") from e
             if not isinstance(rec, dict):
@@ -238,11 +240,11 @@ def fingerprint(secret: str) -> str:
 _SEED_RE = re.compile(r" \(generated, seed \d+\)")
 
 
-def anonymise(rec: dict, rotation: str, i: int) -> dict:
+def anonymise(rec: TaskRecord, rotation: str, i: int) -> TaskRecord:
     """A hidden task without its seed (name, docstring, metadata): the file does not say how to regenerate it."""
-    meta = {k: v for k, v in (rec.get("metadata") or {}).items() if k != "seed"}
-    return {"name": f"hidden-{rotation}-{i:03d}", "problem_id": i, "level": None,
-            "code": _SEED_RE.sub(" (generated)", rec["code"]), "metadata": {**meta, "rotation": rotation}}
+    meta = rec.metadata.model_dump(exclude_unset=True, exclude={"seed"})
+    return TaskRecord(name=f"hidden-{rotation}-{i:03d}", problem_id=i, level=None,
+                      code=_SEED_RE.sub(" (generated)", rec.code), metadata=TaskMeta(**meta, rotation=rotation))
 
 
 def tracked_by_git(path: Path) -> bool:
@@ -265,7 +267,7 @@ def tracked_by_git(path: Path) -> bool:
 
 @dataclass
 class HiddenResult:
-    tasks: list[dict]
+    tasks: list[TaskRecord]
     manifest: dict
 
 
@@ -291,8 +293,9 @@ def hidden_set(out: Path, secret: str, rotation: str, n: int, spec, against: lis
             drops.update(d["reason"] for d in res.dropped)
             records = res.kept
     capped = cap(records, 1, "graph", keys)
-    chosen = [anonymise(r, rotation, i) for i, r in enumerate(capped.kept[:n])]
-    write_jsonl(out / "tasks.jsonl", chosen)
+    # generated.jsonl is `synth tasks` output: its records are task records
+    chosen = [anonymise(parse(TaskRecord, r), rotation, i) for i, r in enumerate(capped.kept[:n])]
+    (out / "tasks.jsonl").write_text("".join(map(line, chosen)))
 
     def describe(tasks) -> dict:
         return {"tasks": len(tasks), "sources": sorted({t.source.split("#")[0] for t in tasks})}
@@ -302,7 +305,7 @@ def hidden_set(out: Path, secret: str, rotation: str, n: int, spec, against: lis
                 "spec": asdict(spec), "dropped_as_eval_twins": dict(drops),
                 "dropped_same_computation": len(capped.dropped), "against": describe(against),
                 "against_generated": describe(against_generated),
-                "families": dict(Counter(f for t in chosen for f in t["metadata"].get("families", [])).most_common()),
+                "families": dict(Counter(f for t in chosen for f in t.metadata.families or []).most_common()),
                 "judge_with": f"musacoder bench run --tasks {out / 'tasks.jsonl'} --levels all --profile strict "
                               "--samples 8 --model ... --out ..."}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

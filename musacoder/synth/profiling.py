@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 
 from musacoder.config import VerifyConfig
 from musacoder.conversation import STYLES, task_messages
+from musacoder.data.schema import ProfileRecord, ProfilingMeta, ProfilingRecord, RewritePair, RewriteRef, line, parse
 from musacoder.tasks.model import Task
 from musacoder.verifier.feedback import BOUND_ADVICE, BOUND_PCT, kernel_bound
 
@@ -176,7 +177,7 @@ def advice(d: Diagnosis, code: str, gpu: bool, iterations: int) -> str:
 
 
 def answer_text(d: Diagnosis, code: str, wall_ms: float, iterations: int, gpu: bool, verdict: dict | None,
-                rewrite: dict | None, kernels: list[dict] | None = None) -> str:
+                rewrite: RewritePair | None, kernels: list[dict] | None = None) -> str:
     """The assistant's answer: the bottleneck, the reasoning from the numbers, the advice, what Nsight Compute
     measured of the named kernel (`kernels`: its launches of one forward, when measured), the faster program."""
     name = d.bottleneck["name"]
@@ -203,9 +204,9 @@ def answer_text(d: Diagnosis, code: str, wall_ms: float, iterations: int, gpu: b
     if kernels:
         out.append(nsight_text(d, kernels))
     if rewrite:
-        out.append(f"A faster program for this task, verified by MooreEval and measured {rewrite['speedup']:.2f}x "
-                   f"faster ({rewrite['slow_ms']:.4g} ms -> {rewrite['fast_ms']:.4g} ms):\n\n```python\n"
-                   f"{rewrite['fast_code'].strip()}\n```")
+        out.append(f"A faster program for this task, verified by MooreEval and measured {rewrite.speedup:.2f}x "
+                   f"faster ({rewrite.slow.ms:.4g} ms -> {rewrite.fast.ms:.4g} ms):\n\n```python\n"
+                   f"{rewrite.fast_code.strip()}\n```")
     return "\n\n".join(out)
 
 
@@ -409,25 +410,21 @@ def _run(task: Task, code: str, cfg: VerifyConfig, cmd: ProfileCommand, timeout_
 
 
 # ---- records ----------------------------------------------------------------------------------------------------
-def load_rewrites(path: Path) -> dict[tuple[str, str], dict]:
+def load_rewrites(path: Path) -> dict[tuple[str, str], RewritePair]:
     """(task, slower program's hash) -> the kept rewrite pair with the largest speedup, from rewrite_pairs.jsonl."""
     from musacoder.synth.rewrite import PAIRS
 
-    out: dict[tuple[str, str], dict] = {}
+    out: dict[tuple[str, str], RewritePair] = {}
     file = path / PAIRS if path.is_dir() else path
     if not file.is_file():
         return out
-    for line in file.read_text(errors="replace").splitlines():
+    for text in file.read_text(errors="replace").splitlines():
         try:
-            rec = json.loads(line)
-            if not rec.get("kept"):
-                continue
-            key = (rec["task"], rec["slow"]["solution"])
-            pair = {"speedup": float(rec["speedup"]), "slow_ms": rec["slow"]["ms"], "fast_ms": rec["fast"]["ms"],
-                    "fast": rec["fast"]["solution"], "fast_code": rec["fast_code"]}
-        except (ValueError, KeyError, TypeError, AttributeError):  # a line cut by an interrupted run
+            pair = parse(RewritePair, json.loads(text))
+        except ValueError:  # a line cut by an interrupted run
             continue
-        if key not in out or pair["speedup"] > out[key]["speedup"]:
+        key = (pair.task, pair.slow.solution)
+        if pair.kept and (key not in out or pair.speedup > out[key].speedup):
             out[key] = pair
     return out
 
@@ -445,7 +442,7 @@ def profiling_messages(s: Solution, backend: str, prof: dict, iterations: int,
 
 
 def profiling_records(solutions: list[Solution], out_dir: Path, cfg: VerifyConfig,
-                      rewrites: dict[tuple[str, str], dict] | None = None, iterations: int = 10,
+                      rewrites: dict[tuple[str, str], RewritePair] | None = None, iterations: int = 10,
                       timeout_s: float = 60.0, progress: Callable[[str, int, int], None] | None = None,
                       nsight: bool = True) -> dict:
     """Profile each program (one at a time: concurrent runs would share the cores the times are read from), under
@@ -456,7 +453,7 @@ def profiling_records(solutions: list[Solution], out_dir: Path, cfg: VerifyConfi
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rewrites = rewrites or {}
-    done = recorded(out_dir / PROFILES, lambda r: (r["task"], r["solution"]))
+    done = recorded(out_dir / PROFILES, ProfileRecord, lambda r: (r.task, r.solution))
     todo = [s for s in solutions if (s.task.key, s.hash) not in done]
     ncu, ncu_status = nsight_compute(cfg.backend, nsight)
     statuses, categories, ncu_statuses, with_rewrite = Counter(), Counter(), Counter(), 0
@@ -481,18 +478,19 @@ def profiling_records(solutions: list[Solution], out_dir: Path, cfg: VerifyConfi
                 gpu = cfg.backend != "cpu"
                 kernels = base["ncu_kernels"]
                 answer = answer_text(d, s.code, prof["wall_ms"], iterations, gpu, s.verdict, rewrite, kernels)
-                meta = {**base, "category": d.category, "bottleneck": d.bottleneck["name"],
-                        "kernel_share": round(d.kernel_share, 4), "wall_ms": prof["wall_ms"],
-                        "iterations": iterations, "profiler": "torch.profiler",
-                        "rewrite": {k: v for k, v in rewrite.items() if k != "fast_code"} if rewrite else None}
-                recs.write(json.dumps({"messages": profiling_messages(s, cfg.backend, prof, iterations, kernels)
-                                       + [{"role": "assistant", "content": answer}],
-                                       "kind": "profiling", "task": s.task.key,
-                                       "metadata": with_families(meta, s.task)}) + "\n")
+                ref = RewriteRef(speedup=rewrite.speedup, slow_ms=rewrite.slow.ms, fast_ms=rewrite.fast.ms,
+                                 fast=rewrite.fast.solution) if rewrite else None
+                meta = ProfilingMeta(**base, category=d.category, bottleneck=d.bottleneck["name"],
+                                     kernel_share=round(d.kernel_share, 4), wall_ms=prof["wall_ms"],
+                                     iterations=iterations, profiler="torch.profiler", rewrite=ref)
+                recs.write(line(ProfilingRecord(
+                    messages=profiling_messages(s, cfg.backend, prof, iterations, kernels)
+                    + [{"role": "assistant", "content": answer}],
+                    kind="profiling", task=s.task.key, metadata=with_families(meta, s.task))))
                 recs.flush()
                 base.update(category=d.category, bottleneck=d.bottleneck["name"])
             # the program's line is written last: it is the resume point
-            profs.write(json.dumps({**base, **prof, "iterations": iterations}) + "\n")
+            profs.write(line(ProfileRecord(**base, **prof, iterations=iterations)))
             profs.flush()
             if progress:
                 progress("profiling", i, len(todo))

@@ -12,7 +12,7 @@ replay). A request's task is the question (`Task(name=question id)`), so a repla
 (`level1/19_ReLU#bound`, or `level1/19_ReLU#<solution hash>#access`) and sample. An answer that is empty (nothing
 after its reasoning), truncated (finish_reason "length", or reasoning never closed) or a refusal is dropped with that
 reason. A kept answer becomes a record {"messages": [system, question, answer], "kind": "qa", "task": ...,
-"metadata": {"verified": false, ...}}, validated by the training loader's `validate` before it is written.
+"metadata": {"verified": false, ...}}, validated as training reads it (`records.validated`) before it is written.
 
 The records are not verified: nothing executes prose, so no check of the answer's correctness exists here (unlike
 generation, repair and rewrite records, whose programs MooreEval ran). The metadata says so, and names the teacher.
@@ -26,7 +26,6 @@ recorded with the error and asked again by the next run. A line cut by an interr
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from collections import Counter
@@ -38,7 +37,8 @@ from string import Template
 from musacoder.bench.clients import Client, Request
 from musacoder.bench.runner import request_seed
 from musacoder.conversation import STYLES, SYSTEM
-from musacoder.data.records import RecordError, validate
+from musacoder.data.records import RecordError, validated
+from musacoder.data.schema import QAAnswer, QAMeta, QARecord, line
 from musacoder.synth.tasks import recorded
 from musacoder.tasks.model import Task
 
@@ -235,10 +235,10 @@ def judge_answer(text: str, finish_reason: str | None) -> str | None:
     return None
 
 
-def _key(rec: dict) -> tuple:
+def _key(rec: QAAnswer | QARecord) -> tuple:
     """The resume key of a qa_answers.jsonl line, or of a qa record (its metadata holds the same fields)."""
-    at = rec["metadata"] if "messages" in rec else rec
-    return rec["task"], at["source"], at["template"], at["sample"], at["teacher"]
+    at = rec.metadata if isinstance(rec, QARecord) else rec
+    return rec.task, at.source, at.template, at.sample, at.teacher
 
 
 def _append(path: Path):
@@ -275,41 +275,40 @@ class _Answers:
         self.dropped, self.stats = Counter(), Counter()
         self.first_error: str | None = None
 
-    def line(self, q: _Question, **kw) -> None:
-        self.ans.write(json.dumps({"task": q.material.task.key, "source": q.material.source,
-                                   "template": q.template.id, "sample": q.sample, "question": q.id, **self.base,
-                                   **kw}) + "\n")
+    def write(self, q: _Question, **kw) -> None:
+        self.ans.write(line(QAAnswer(task=q.material.task.key, source=q.material.source, template=q.template.id,
+                                     sample=q.sample, question=q.id, **self.base, **kw)))
 
     def no_material(self, q: _Question, f: Facts) -> None:
         self.dropped[NO_MATERIAL] += 1
-        self.line(q, kept=False, dropped=NO_MATERIAL, reason=f.problem)
+        self.write(q, kept=False, dropped=NO_MATERIAL, reason=f.problem)
 
     def failed(self, q: _Question, error: str) -> None:
         self.stats["generation_failed"] += 1
         self.first_error = self.first_error or error
-        self.line(q, kept=False, dropped=GENERATION, reason=error[:500])
+        self.write(q, kept=False, dropped=GENERATION, reason=error[:500])
 
     def answered(self, q: _Question, g, families: list[str]) -> None:
         """A generated answer: kept as a qa record, or dropped with the reason."""
         why = judge_answer(g.text, g.finish_reason)
-        rec = {"messages": (g.messages or q.messages) + [{"role": "assistant", "content": g.text}],
-               "kind": "qa", "task": q.material.task.key,
-               "metadata": {"verified": False, **self.base, "template": q.template.id, "families": families,
-                            "source": q.material.source, "sample": q.sample, "question": q.id,
-                            "finish_reason": g.finish_reason, "tokens": g.completion_tokens}}
-        reason = None
+        meta = QAMeta(verified=False, **self.base, template=q.template.id, families=families,
+                      source=q.material.source, sample=q.sample, question=q.id, finish_reason=g.finish_reason,
+                      tokens=g.completion_tokens)
+        rec, reason = None, None
         if why is None:
-            try:
-                validate(rec)
+            try:  # the client's messages as training would read them
+                rec = validated(QARecord, {"messages": (g.messages or q.messages) + [{"role": "assistant",
+                                                                                      "content": g.text}],
+                                           "kind": "qa", "task": q.material.task.key, "metadata": meta})
             except RecordError as e:
                 why, reason = INVALID, str(e)
         if why is not None:
             self.dropped[why] += 1
-            self.line(q, kept=False, dropped=why, reason=reason, answer=g.text, finish_reason=g.finish_reason)
+            self.write(q, kept=False, dropped=why, reason=reason, answer=g.text, finish_reason=g.finish_reason)
             return
         self.stats["kept"] += 1
-        self.qa.write(json.dumps(rec) + "\n")
-        self.line(q, kept=True, dropped=None, answer=g.text, finish_reason=g.finish_reason)
+        self.qa.write(line(rec))
+        self.write(q, kept=True, dropped=None, answer=g.text, finish_reason=g.finish_reason)
 
     def flush(self) -> None:
         self.qa.flush()  # the records first: a kept answer whose qa_answers line is lost is still not asked again
@@ -358,8 +357,8 @@ def qa_records(materials: Iterable[Material], out_dir: Path, client: Client, tea
         raise ValueError(f"backend must be one of {', '.join(DEVICES)}, not {backend!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
     # answered (kept or dropped) or without material; a qa record counts too, in case its answers line was cut
-    done = (recorded(out_dir / ANSWERS, lambda r: _key(r) if r["dropped"] != GENERATION else None)
-            | recorded(out_dir / QA, _key)) - {None}
+    done = (recorded(out_dir / ANSWERS, QAAnswer, lambda r: _key(r) if r.dropped != GENERATION else None)
+            | recorded(out_dir / QA, QARecord, _key)) - {None}
     todo, skipped, planned = _todo(materials, cfg, teacher, done)
     facts: dict[str, Facts] = {}
     with _append(out_dir / ANSWERS) as ans, _append(out_dir / QA) as qa:

@@ -23,8 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
+from pydantic import ValidationError
+
 from musacoder.config import VerifyConfig
 from musacoder.conversation import STYLES, feedback_message, task_messages
+from musacoder.data.schema import (
+    MutantRecord,
+    MutationMeta,
+    RepairRecord,
+    ReviewerRecord,
+    SolutionRecord,
+    brief,
+    line,
+    parse,
+)
 from musacoder.synth.clean import with_families
 from musacoder.synth.mutate import OPERATORS, Mutant, mutate
 from musacoder.synth.solve import SOLUTIONS
@@ -63,30 +75,31 @@ class Loaded:
 
 
 def passing_records(file: Path, by_key: dict[str, Task], backend: str, out: Loaded, label: str,
-                    need_verdict: bool = False) -> Iterator[tuple[dict, str]]:
+                    need_verdict: bool = False) -> Iterator[tuple[SolutionRecord, str]]:
     """(record, "label:line") of each usable passing solution in `file`: status ok, of `backend`, with code (and a
     verdict when asked), of a task in `by_key`; every other line is counted in `out.skipped` or `out.problems`."""
-    for n, line in enumerate(file.read_text(errors="replace").splitlines(), 1):  # a bad byte spoils one line
+    for n, text in enumerate(file.read_text(errors="replace").splitlines(), 1):  # a bad byte spoils one line
         where = f"{label}:{n}"
-        if not line.strip():
+        if not text.strip():
             continue
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = parse(SolutionRecord, json.loads(text))
+        except json.JSONDecodeError:
             out.problems.append(f"{where}: not JSON")
             continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("task"), str):
-            out.problems.append(f"{where}: not a solution record (no 'task')")
-        elif rec.get("status") != "ok":
-            out.skipped[f"status {rec.get('status')}"] += 1
-        elif rec.get("backend", backend) != backend:
-            out.skipped[f"backend {rec.get('backend')}, not {backend}"] += 1
-        elif not isinstance(rec.get("code"), str) or not rec["code"].strip():
+        except ValidationError as e:
+            out.problems.append(f"{where}: not a solution record ({brief(e)})")
+            continue
+        if rec.status != "ok":
+            out.skipped[f"status {rec.status}"] += 1
+        elif rec.backend not in (None, backend):  # a hand-made file may leave the backend out
+            out.skipped[f"backend {rec.backend}, not {backend}"] += 1
+        elif not (rec.code or "").strip():
             out.problems.append(f"{where}: status ok but no code")
-        elif need_verdict and not isinstance(rec.get("verdict"), dict):
+        elif need_verdict and rec.verdict is None:
             out.problems.append(f"{where}: status ok but no verdict")
-        elif rec["task"] not in by_key:
-            out.problems.append(f"{where}: task {rec['task']} is not among the given tasks (pass the tasks that "
+        elif rec.task not in by_key:
+            out.problems.append(f"{where}: task {rec.task} is not among the given tasks (pass the tasks that "
                                 "`synth solve` ran on)")
         else:
             yield rec, where
@@ -102,9 +115,9 @@ def load_solutions(path: Path, tasks: Iterable[Task], backend: str) -> Loaded:
     by_key = {t.key: t for t in tasks}
     out, seen = Loaded(), set()
     for rec, _ in passing_records(file, by_key, backend, out, file.name):
-        if (rec["task"], rec["code"]) not in seen:
-            seen.add((rec["task"], rec["code"]))
-            out.solutions.append((by_key[rec["task"]], rec["code"]))
+        if (rec.task, rec.code) not in seen:
+            seen.add((rec.task, rec.code))
+            out.solutions.append((by_key[rec.task], rec.code))
     return out
 
 
@@ -140,8 +153,8 @@ def reviewer_messages(task: Task, backend: str, buggy: str) -> list[dict]:
     return [system, {"role": "user", "content": user}]
 
 
-def _key(rec: dict) -> tuple:
-    return rec["task"], rec["solution"], rec["operator"], int(rec["seed"])
+def _key(rec: MutantRecord) -> tuple:
+    return rec.task, rec.solution, rec.operator, rec.seed
 
 
 def repair_records(solutions: Iterable[tuple[Task, str]], out_dir: Path, cfg: VerifyConfig,
@@ -156,8 +169,8 @@ def repair_records(solutions: Iterable[tuple[Task, str]], out_dir: Path, cfg: Ve
 
     cfg = resolved(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
-    done = recorded(out_dir / MUTANTS, _key)
-    seen = recorded(out_dir / MUTANTS, lambda r: r["mutant"])  # the same mutant is not verified twice
+    done = recorded(out_dir / MUTANTS, MutantRecord, _key)
+    seen = recorded(out_dir / MUTANTS, MutantRecord, lambda r: r.mutant)  # the same mutant is not verified twice
     pending, skipped, duplicates, not_applicable, n_solutions = [], 0, 0, Counter(), 0
     for task, code in solutions:
         n_solutions += 1
@@ -182,8 +195,8 @@ def repair_records(solutions: Iterable[tuple[Task, str]], out_dir: Path, cfg: Ve
             task, code, sol, m = pending[i]
             verdicts[v.status.value] += 1
             why = STILL_PASSES if v.passed else INFRA if v.status is Status.INFRA_ERROR else None
-            meta = with_families({"source": "mutation", "operator": m.operator, "seed": seed, "solution": sol,
-                                  "mutant": _hash(m.code), "status": v.status.value, "bug": m.description}, task)
+            meta = with_families(MutationMeta(source="mutation", operator=m.operator, seed=seed, solution=sol,
+                                              mutant=_hash(m.code), status=v.status.value, bug=m.description), task)
             per_op[m.operator]["tried"] += 1
             if why:
                 dropped[why] += 1
@@ -195,18 +208,17 @@ def repair_records(solutions: Iterable[tuple[Task, str]], out_dir: Path, cfg: Ve
                 messages = task_messages(task, cfg.backend) + [
                     {"role": "assistant", "content": _answer(m.code)},
                     feedback_message(1, feedback_text(v), v.passed), fix]
-                rep.write(json.dumps({"messages": messages, "kind": "repair", "task": task.key,
-                                      "metadata": meta}) + "\n")
+                rep.write(line(RepairRecord(messages=messages, kind="repair", task=task.key, metadata=meta)))
                 answer = {"role": "assistant", "content": f"Bug: {m.description}.\n\n{_answer(code)}"}
-                rev.write(json.dumps({"messages": reviewer_messages(task, cfg.backend, m.code) + [answer],
-                                      "kind": "reviewer", "task": task.key, "metadata": meta}) + "\n")
+                rev.write(line(ReviewerRecord(messages=reviewer_messages(task, cfg.backend, m.code) + [answer],
+                                              kind="reviewer", task=task.key, metadata=meta)))
                 rep.flush()
                 rev.flush()
             # the mutant's line is written last: it is the resume point
-            mut.write(json.dumps({"task": task.key, "solution": sol, "operator": m.operator, "seed": seed,
-                                  "mutant": meta["mutant"], "description": m.description, "code": m.code,
-                                  "status": v.status.value, "reason": v.reason, "kept": why is None,
-                                  "dropped": why, "verdict": v.to_dict()}) + "\n")
+            mut.write(line(MutantRecord(task=task.key, solution=sol, operator=m.operator, seed=seed,
+                                        mutant=meta.mutant, description=m.description, code=m.code,
+                                        status=v.status.value, reason=v.reason, kept=why is None, dropped=why,
+                                        verdict=v.to_dict())))
             mut.flush()
             if progress:
                 progress("verify", n, len(pending))

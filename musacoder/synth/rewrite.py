@@ -28,7 +28,6 @@ kept or dropped with the reason, with both programs). Resumable: a task already 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import queue
 from collections import Counter, defaultdict
@@ -39,6 +38,7 @@ from string import Template
 
 from musacoder.config import VerifyConfig
 from musacoder.conversation import task_messages
+from musacoder.data.schema import Provenance, RewriteMeta, RewritePair, RewriteRecord, SolutionRecord, line
 from musacoder.synth.clean import with_families
 from musacoder.synth.repair import Loaded, SolutionsError, passing_records
 from musacoder.synth.solve import SOLUTIONS
@@ -84,11 +84,11 @@ class Solution:
     def ms(self) -> float | None:
         return self.verdict.get("candidate_ms")
 
-    def provenance(self) -> dict:
+    def provenance(self) -> Provenance:
         v = self.verdict
-        return {"solution": self.hash, "teacher": self.teacher, "origin": self.origin, "ms": v.get("candidate_ms"),
-                "rse": v.get("timing_rse"), "reps": v.get("timing_reps"), "eager_ms": v.get("eager_ms"),
-                "speedup_eager": v.get("speedup_eager")}
+        return Provenance(solution=self.hash, teacher=self.teacher, origin=self.origin, ms=v.get("candidate_ms"),
+                          rse=v.get("timing_rse"), reps=v.get("timing_reps"), eager_ms=v.get("eager_ms"),
+                          speedup_eager=v.get("speedup_eager"))
 
 
 def code_hash(text: str) -> str:
@@ -105,10 +105,9 @@ def load_passing(paths: Iterable[Path], tasks: Iterable[Task], backend: str) -> 
         if not file.is_file():
             raise SolutionsError(f"{file} does not exist")
         for rec, where in passing_records(file, by_key, backend, out, str(file), need_verdict=True):
-            if (rec["task"], rec["code"]) not in seen:
-                seen.add((rec["task"], rec["code"]))
-                out.solutions.append(Solution(by_key[rec["task"]], rec["code"], str(rec.get("teacher", "?")),
-                                              rec["verdict"], where))
+            if (rec.task, rec.code) not in seen:
+                seen.add((rec.task, rec.code))
+                out.solutions.append(Solution(by_key[rec.task], rec.code, rec.teacher or "?", rec.verdict, where))
     return out
 
 
@@ -144,14 +143,14 @@ def rewrite_messages(task: Task, backend: str, slow: Solution) -> list[dict]:
                                                                    eager=eager, code=slow.code.strip())}]
 
 
-def _pair_key(rec: dict) -> tuple:
-    return rec["task"], rec["slow"]["solution"], rec["fast"]["solution"]
+def _pair_key(rec: RewritePair) -> tuple:
+    return rec.task, rec.slow.solution, rec.fast.solution
 
 
 def write_pairs(solutions: list[Solution], out_dir: Path, backend: str, rule: NoiseRule) -> dict:
     """Judge slower -> fastest pairs per task and append them to rewrite_pairs.jsonl, the kept ones as records to
     rewrite.jsonl. No verification here: the verdicts are the ones recorded with the solutions."""
-    done = recorded(out_dir / PAIRS, _pair_key)
+    done = recorded(out_dir / PAIRS, RewritePair, _pair_key)
     by_task: dict[str, list[Solution]] = defaultdict(list)
     for s in solutions:
         by_task[s.task.key].append(s)
@@ -169,21 +168,21 @@ def write_pairs(solutions: list[Solution], out_dir: Path, backend: str, rule: No
                     skipped += 1
                     continue
                 speedup, why = rule.judge(slow.verdict, fast.verdict)
-                meta = {"source": "timed pair", "backend": backend, "speedup": speedup,
+                pair = {"source": "timed pair", "backend": backend, "speedup": speedup,
                         "threshold": rule.threshold(slow.verdict, fast.verdict),
                         "slow": slow.provenance(), "fast": fast.provenance()}
                 if why is None:
                     kept += 1
                     answer = {"role": "assistant", "content": f"```python\n{fast.code.strip()}\n```"}
-                    rw.write(json.dumps({"messages": rewrite_messages(slow.task, backend, slow) + [answer],
-                                         "kind": "rewrite", "task": key,
-                                         "metadata": with_families(meta, slow.task)}) + "\n")
+                    rw.write(line(RewriteRecord(messages=rewrite_messages(slow.task, backend, slow) + [answer],
+                                                kind="rewrite", task=key,
+                                                metadata=with_families(RewriteMeta(**pair), slow.task))))
                     rw.flush()
                 else:
                     dropped[why] += 1
                 # the pair's line is written last: it is the resume point
-                pairs.write(json.dumps({"task": key, **meta, "kept": why is None, "dropped": why,
-                                        "slow_code": slow.code, "fast_code": fast.code}) + "\n")
+                pairs.write(line(RewritePair(**pair, task=key, kept=why is None, dropped=why, slow_code=slow.code,
+                                             fast_code=fast.code)))
                 pairs.flush()
     return {"kept": kept, "dropped": dict(dropped.most_common()), "skipped_existing": skipped,
             "unpaired": {k: v for k, v in unpaired.items() if v}}
@@ -216,13 +215,14 @@ def slow_teacher(solutions: list[Solution], out_dir: Path, cfg: VerifyConfig,
     from musacoder.verifier.verdict import Status
 
     file = out_dir / SOLUTIONS
-    done = {k for teacher, k in recorded(file, lambda r: (r["teacher"], r["task"])) if teacher == SLOW_TEACHER}
+    done = {k for teacher, k in recorded(file, SolutionRecord, lambda r: (r.teacher, r.task))
+            if teacher == SLOW_TEACHER}
     fast = {s.task.key: s for s in solutions if s.teacher == "inductor"}
     todo = [s for k, s in fast.items() if k not in done]
     teacher, verdicts, passing = Counter(), Counter(), []
     landed: queue.Queue = queue.Queue()  # (fast solution, TeacherResult, Verdict) from the pool's threads
     base = {"teacher": SLOW_TEACHER, "backend": cfg.backend, "config": SLOW_CONFIGS[cfg.backend]}
-    line = len(file.read_text().splitlines()) if file.exists() else 0
+    written = len(file.read_text().splitlines()) if file.exists() else 0  # lines: where the next record lands
 
     def land(s: Solution, r, f):
         try:
@@ -233,17 +233,17 @@ def slow_teacher(solutions: list[Solution], out_dir: Path, cfg: VerifyConfig,
 
     with open(file, "a") as sol, LocalPool(cfg) as pool:
 
-        def write(rec: dict) -> str:
-            nonlocal line
-            sol.write(json.dumps(rec) + "\n")
+        def write(rec: SolutionRecord) -> str:
+            nonlocal written
+            sol.write(line(rec))
             sol.flush()
-            line += 1
-            return f"{file}:{line}"
+            written += 1
+            return f"{file}:{written}"
 
         def record(s: Solution, r, v):
             verdicts[v.status.value] += 1
-            where = write({"task": s.task.key, **base, "status": v.status.value, "reason": v.reason,
-                           "kernels": r.kernels, "code": r.candidate, "verdict": v.to_dict()})
+            where = write(SolutionRecord(task=s.task.key, **base, status=v.status.value, reason=v.reason,
+                                         kernels=r.kernels, code=r.candidate, verdict=v.to_dict()))
             if v.passed:
                 passing.append(Solution(s.task, r.candidate, SLOW_TEACHER, v.to_dict(), where))
             if progress:
@@ -261,7 +261,7 @@ def slow_teacher(solutions: list[Solution], out_dir: Path, cfg: VerifyConfig,
                     landed.put((s, r, unusable(f"the pool refused the job: {e!r}", cfg, s.task.key,
                                                Status.INFRA_ERROR, cfg.backend)))
             else:
-                write({"task": s.task.key, **base, "status": "no_solution", "reason": r.reason})
+                write(SolutionRecord(task=s.task.key, **base, status="no_solution", reason=r.reason))
             if progress:
                 progress("slow teacher", i, len(todo))
             while not landed.empty():

@@ -14,7 +14,6 @@ in solutions.jsonl; the passing ones also as SFT records in sft.jsonl.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import queue
@@ -29,6 +28,7 @@ from musacoder.bench.runner import request_seed
 from musacoder.candidates import ExtractionError, extract_code
 from musacoder.config import VerifyConfig
 from musacoder.conversation import task_messages
+from musacoder.data.schema import SYNTH_TRAINING, GenerationRecord, SolutionRecord, SolveMeta, line
 from musacoder.episode import Episode, run_episodes
 from musacoder.synth.clean import with_families
 from musacoder.synth.tasks import recorded
@@ -47,7 +47,7 @@ def solve_tasks(tasks: list[Task], out_dir: Path, cfg: VerifyConfig,
     from musacoder.pool.local import LocalPool
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    done = {k for teacher, k in recorded(out_dir / SOLUTIONS, lambda r: (r["teacher"], r["task"]))
+    done = {k for teacher, k in recorded(out_dir / SOLUTIONS, SolutionRecord, lambda r: (r.teacher, r.task))
             if teacher == "inductor"}  # an LLM teacher's samples of the task in the same file do not count
     todo = [t for t in tasks if t.key not in done]
     workers = workers or max(1, (os.cpu_count() or 2) // 2)
@@ -72,8 +72,8 @@ def solve_tasks(tasks: list[Task], out_dir: Path, cfg: VerifyConfig,
                 except Exception as e:  # a verdict nobody produces would leave the wait below hanging
                     verdict_q.put((t, r, pool._failed(t, e)))
             else:
-                sol.write(json.dumps({"task": t.key, "teacher": "inductor", "backend": cfg.backend,
-                                      "status": "no_solution", "reason": r.reason}) + "\n")
+                sol.write(line(SolutionRecord(task=t.key, teacher="inductor", backend=cfg.backend,
+                                              status="no_solution", reason=r.reason)))
             if progress:
                 progress("teacher", taught, len(todo))
             while not verdict_q.empty():
@@ -109,15 +109,14 @@ def _inductor(tasks: list[Task], backend: str, workers: int):
 
 
 def _write_solution(sol, sft, t: Task, r, v: Verdict, backend: str) -> None:
-    sol.write(json.dumps({"task": t.key, "teacher": "inductor", "backend": backend, "status": v.status.value,
-                          "reason": v.reason, "kernels": r.kernels, "code": r.candidate,
-                          "verdict": v.to_dict()}) + "\n")
+    sol.write(line(SolutionRecord(task=t.key, teacher="inductor", backend=backend, status=v.status.value,
+                                  reason=v.reason, kernels=r.kernels, code=r.candidate, verdict=v.to_dict())))
     if v.passed:
         answer = f"```python\n{r.candidate.strip()}\n```"
-        sft.write(json.dumps({"messages": task_messages(t, backend) + [{"role": "assistant", "content": answer}],
-                              "kind": "generation", "task": t.key,
-                              "metadata": with_families({"teacher": "inductor", "status": v.status.value,
-                                                         "speedup_eager": v.speedup_eager}, t)}) + "\n")
+        meta = SolveMeta(teacher="inductor", status=v.status.value, speedup_eager=v.speedup_eager)
+        sft.write(line(GenerationRecord(
+            messages=task_messages(t, backend) + [{"role": "assistant", "content": answer}], kind="generation",
+            task=t.key, metadata=with_families(meta, t))))
 
 
 @dataclass
@@ -206,7 +205,7 @@ def teach_tasks(tasks: list[Task], out_dir: Path, vcfg: VerifyConfig, client: Cl
 
     cfg = cfg or TeacherConfig()
     out_dir.mkdir(parents=True, exist_ok=True)
-    done = recorded(out_dir / SOLUTIONS, lambda r: (r["task"], r["teacher"], r["sample"]))
+    done = recorded(out_dir / SOLUTIONS, SolutionRecord, lambda r: (r.task, r.teacher, r.sample))
     todo = [(t, s) for t in tasks for s in range(cfg.samples) if (t.key, teacher, s) not in done]
     base = {"teacher": teacher, "backend": vcfg.backend, "prompt": cfg.prompt}
     stats, verdicts = Counter(), Counter()
@@ -220,8 +219,7 @@ def teach_tasks(tasks: list[Task], out_dir: Path, vcfg: VerifyConfig, client: Cl
                     firsts[t.key] = str(e)
             if isinstance(firsts[t.key], str):
                 stats[NO_PROMPT] += 1
-                sol.write(json.dumps({"task": t.key, **base, "sample": s, "status": NO_PROMPT,
-                                      "reason": firsts[t.key]}) + "\n")
+                sol.write(line(SolutionRecord(task=t.key, **base, sample=s, status=NO_PROMPT, reason=firsts[t.key])))
             else:
                 episodes.append(_Sample(t, firsts[t.key], max_turns=cfg.turns, sample=s))
         sol.flush()
@@ -241,21 +239,21 @@ def teach_tasks(tasks: list[Task], out_dir: Path, vcfg: VerifyConfig, client: Cl
                     for turn, r in enumerate(e.rounds, 1):
                         v = r.sample.verdict
                         verdicts[v.status.value] += 1
-                        sol.write(json.dumps({"task": e.task.key, **base, "sample": e.sample, "turn": turn,
-                                              "status": v.status.value, "reason": v.reason, "code": _code(r.text),
-                                              "raw": r.text, "tokens": r.tokens,
-                                              "finish_reason": r.sample.finish_reason,
-                                              "verdict": v.to_dict()}) + "\n")
+                        sol.write(line(SolutionRecord(
+                            task=e.task.key, **base, sample=e.sample, turn=turn, status=v.status.value,
+                            reason=v.reason, code=_code(r.text), raw=r.text, tokens=r.tokens,
+                            finish_reason=r.sample.finish_reason, verdict=v.to_dict())))
                     last = e.rounds[-1]
                     if last.passed:
                         stats["sft"] += 1
-                        rec = {"messages": last.sample.messages + [{"role": "assistant", "content": last.text}],
-                               "kind": "generation" if len(e.rounds) == 1 else "repair", "task": e.task.key,
-                               "metadata": with_families({**base, "sample": e.sample, "turns": len(e.rounds),
-                                                          "status": last.status,
-                                                          "speedup_eager": last.sample.verdict.speedup_eager},
-                                                         e.task)}
-                        sft.write(json.dumps(rec) + "\n")
+                        meta = SolveMeta(**base, sample=e.sample, turns=len(e.rounds), status=last.status,
+                                         speedup_eager=last.sample.verdict.speedup_eager)
+                        # one turn: a generation record; more: a repair record (the answer repaired after the
+                        # verifier's feedback); the kind picks the model
+                        sft.write(line(SYNTH_TRAINING.validate_python({
+                            "messages": last.sample.messages + [{"role": "assistant", "content": last.text}],
+                            "kind": "generation" if len(e.rounds) == 1 else "repair", "task": e.task.key,
+                            "metadata": with_families(meta, e.task)})))
                 sol.flush()
                 sft.flush()
                 if progress:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import operator
 import random
 from collections import Counter
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from musacoder.data.decontam import Renamer, Trace, TraceError, trace_task
+from musacoder.data.schema import DroppedTask, TaskMeta, TaskRecord, line
 from musacoder.pyast import parse
 from musacoder.tasks.model import Task
 
@@ -58,10 +58,10 @@ class Variant:
         tag = self.meta["dtype"] if self.kind == "dtype" else self.kind
         return f"{self.parent.name}@{tag}-{hashlib.sha256(self.code.encode()).hexdigest()[:6]}"
 
-    def record(self, seed: int, **extra) -> dict:
-        meta = {"parent": self.parent.key, "variant": self.kind, "seed": seed, **self.meta, **extra}
-        return {"name": self.name, "problem_id": self.parent.problem_id, "level": self.parent.level,
-                "code": self.code, "metadata": meta}
+    def record(self, seed: int, **extra) -> TaskRecord:
+        meta = TaskMeta(parent=self.parent.key, variant=self.kind, seed=seed, **self.meta, **extra)
+        return TaskRecord(name=self.name, problem_id=self.parent.problem_id, level=self.parent.level, code=self.code,
+                          metadata=meta)
 
 
 def _parse(task: Task) -> ast.Module:
@@ -382,7 +382,7 @@ def synth_variants(tasks: list[Task], out: Path, kinds: tuple[str, ...] = KINDS,
 
     drawn = draw(tasks, kinds, per_task, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = recorded(out, lambda r: r["name"]) | recorded(dropped_path(out), lambda r: r["name"])
+    done = recorded(out, TaskRecord, lambda r: r.name) | recorded(dropped_path(out), DroppedTask, lambda r: r.name)
     kept, dropped, skipped, reasons, per_kind = 0, 0, 0, Counter(), Counter()
     with open(out, "a") as keep, open(dropped_path(out), "a") as drop:
         for i, (parent, kind, v, why) in enumerate(drawn):
@@ -390,19 +390,19 @@ def synth_variants(tasks: list[Task], out: Path, kinds: tuple[str, ...] = KINDS,
             if name in done:
                 skipped += 1
             elif v is None:
-                drop.write(json.dumps({"name": name, "metadata": {"parent": parent.key, "variant": kind,
-                                                                  "seed": seed}, "problems": [why]}) + "\n")
+                drop.write(line(DroppedTask(name=name, metadata=TaskMeta(parent=parent.key, variant=kind, seed=seed),
+                                            problems=[why])))
                 reasons[why.split(":")[0]] += 1
                 dropped += 1
             else:
                 problems, checked = check_variant(v, check_scale)
                 rec = v.record(seed, **checked)
                 if problems:
-                    drop.write(json.dumps({**rec, "problems": problems}) + "\n")
+                    drop.write(line(rec.dropped(problems)))
                     reasons.update(p.split(":")[0] for p in problems)
                     dropped += 1
                 else:
-                    keep.write(json.dumps(rec) + "\n")
+                    keep.write(line(rec))
                     kept += 1
                     per_kind[kind] += 1
             done.add(name)
