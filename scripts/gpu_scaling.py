@@ -199,7 +199,7 @@ def main():
     results = {"candidates": len(names), "repeats": args.repeats, "backend": args.backend, "runs": []}
     biggest = max(specs, key=lambda spec: len(layout(spec)[0]))  # the cold pass: builds go fastest with most judges
     with pool_for(args, cache, biggest) as pool:
-        results["device"] = pool.wait_ready().get("device")
+        results["device"] = pool.wait_ready().device
         cold = run(pool, jobs[:len(names)], biggest)
         results["cold"] = {k: v for k, v in cold.items() if not k.startswith("_")}
         print("cold", json.dumps(results["cold"]), flush=True)

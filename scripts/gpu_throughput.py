@@ -66,7 +66,7 @@ def main():
             batch = jobs(f"w{n}", args.variants)
             cold = run(pool, batch)
             warm = run(pool, batch)
-        results.append({"compile_workers": n, "cold": cold, "warm": warm, "device": hello.get("device")})
+        results.append({"compile_workers": n, "cold": cold, "warm": warm, "device": hello.device})
         print(json.dumps(results[-1]), flush=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)

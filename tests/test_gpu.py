@@ -222,7 +222,7 @@ def test_kernelbench_size_strict_job_judge_holds_a_few_tensors(cache_dir):
     judge = Judge(get_backend("cuda"), Path(cache_dir))
     try:
         torch.cuda.reset_peak_memory_stats()
-        facts = judge.evaluate(EvaluateJob(task_code=big.code, task_key=big.key, config=cfg.to_dict(),
+        facts = judge.evaluate(EvaluateJob(task_code=big.code, task_key=big.key, config=cfg,
                                            candidate_code=(EXAMPLES_DIR / "cuda/honest_softmax.py").read_text()))
         # allocated, not reserved: the allocator's cache of freed blocks (a shape variant's smaller inputs split a
         # task-size block) is handed back before an allocation fails; reserved reached 5.00 tensors on an H100

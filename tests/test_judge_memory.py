@@ -87,7 +87,7 @@ def _config(cache_dir) -> VerifyConfig:
 def _job(cfg, mib: int, candidate: str = CANDIDATE):
     from musacoder.verifier.protocol import EvaluateJob
 
-    return EvaluateJob(task_code=_task(mib), task_key=f"memtest/{mib}", candidate_code=candidate, config=cfg.to_dict())
+    return EvaluateJob(task_code=_task(mib), task_key=f"memtest/{mib}", candidate_code=candidate, config=cfg)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc (VmHWM reset)")

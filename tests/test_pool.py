@@ -96,7 +96,7 @@ def test_verifier_processes_run_on_the_cores_they_are_given(tmp_path):
     since = time.time() - 1
     cfg = VerifyConfig(backend="cpu", cache_dir=tmp_path, cpus=(core,), spares=3)
     with LocalPool(cfg) as pool:
-        assert pool.wait_ready(timeout=120)["cpus"] == [core]
+        assert pool.wait_ready(timeout=120).cpus == [core]
         procs = ours(since)
     assert len(procs) >= 2, procs  # the judge and what it started (zygote, spare candidate subjects)
     assert all(cpus == [core] for _, cpus, _ in procs.values()), procs
@@ -123,4 +123,4 @@ def test_a_malformed_worker_answer_is_an_infra_error_not_a_crash(tmp_path):
     assert slot.run("import torch")[0]["kernels"] == ["k"]
     dev = DeviceSlot("cpu", cfg, tmp_path, 0)
     dev.dev.start = lambda: {"type": "hello", "pid": 1}  # no role
-    assert "role" in dev.start()["error"]
+    assert "role" in dev.start().error

@@ -88,7 +88,7 @@ def _run_and_remove_a_node(pool, c, nodes, cases):
     while victim is None and time.monotonic() < deadline:
         for kind, actor, _job in list(pool._inflight.values()):
             if kind == "device":
-                victim = pool._hello[actor]["node"]
+                victim = pool._hello[actor].node
         time.sleep(0.2)
     assert victim is not None
     c.remove_node(next(n for n in nodes if n.node_id == victim), allow_graceful=False)

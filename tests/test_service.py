@@ -73,6 +73,22 @@ def test_token_required_everywhere_but_healthz(client):
     assert client.post("/v1/jobs", json=job(NO_CODE)).status_code in (200, 202)
 
 
+def test_healthz_says_the_device_worker_is_not_up_and_why(cache_dir, tmp_path):
+    """Before the first device worker says hello, and after it failed to start, /healthz is 503 with the same keys
+    (the pool's workers are not started: its hello is given)."""
+    from musacoder.verifier.protocol import WorkerHello
+
+    keys = {"ready", "version", "backend", "device", "error", "queue_length", "max_queue", "pool"}
+    failed = WorkerHello(pid=0, role="device", error="device worker failed to start: no answer within 300s")
+    with LocalPool(VerifyConfig(backend="cpu", cache_dir=cache_dir), compile_workers=1) as p:
+        for hello in (None, failed):
+            p.wait_ready = lambda timeout=600, hello=hello: hello
+            with service(p, tmp_path / "v.sqlite") as c:
+                r = c.get("/healthz")
+            assert r.status_code == 503 and set(r.json()) == keys, r.json()
+            assert (r.json()["ready"], r.json()["device"], r.json()["error"]) == (False, "", hello and hello.error)
+
+
 def test_body_over_limit_is_413_declared_or_streamed(pool, tmp_path):
     with service(pool, tmp_path / "v.sqlite", max_body_mb=0.01) as c:
         before = submitted(pool)

@@ -7,7 +7,15 @@ import random
 import pytest
 
 from musacoder.config import VerifyConfig
-from musacoder.verifier.timing import MAX_CALLS, faster_than_probed, mean_ratio_interval, moved_out, plan_calls
+from musacoder.verifier.timing import (
+    BLOCK_FLOOR_S,
+    MAX_CALLS,
+    block_limit_s,
+    faster_than_probed,
+    mean_ratio_interval,
+    moved_out,
+    plan_calls,
+)
 
 MIB = 2**20
 
@@ -35,6 +43,14 @@ def test_a_candidate_whose_slow_probe_capped_the_blocks_must_be_timed_as_slow():
     assert faster_than_probed(True, 300.0, 290.0) is None  # exploit 46: as slow timed as probed, timed (and caught)
     assert faster_than_probed(True, 1.0, 0.3) is None  # within 4x: a warm probe, a cold timed call
     assert faster_than_probed(False, 300.0, 0.05) is None  # uncapped blocks: the probe decided nothing
+
+
+def test_a_candidates_block_may_last_a_bounded_multiple_of_its_plan():
+    # exploit_46 on an H200: 230 calls probed at 8.7 ms each, then ~0.3 s of spin kernels queued behind each call
+    assert block_limit_s(230, 8.66) == pytest.approx(39.8, rel=0.01)
+    # a short honest block (1,024 calls of 5 us) keeps the floor: cold inputs and a busy host stay far inside it
+    assert block_limit_s(1024, 0.005) == BLOCK_FLOOR_S
+    assert block_limit_s(1, 1000.0) == 20.0
 
 
 def test_the_slower_arms_block_stays_within_block_max_ms():

@@ -1,4 +1,4 @@
-"""verifier/zygote.py: the fork server and its children."""
+"""verifier/zygote.py and proc/zygote.py: the fork server and its children."""
 
 import os
 import signal
@@ -29,9 +29,9 @@ def test_a_fork_server_slow_to_reap_survives_a_judge_that_stopped_waiting(tmp_pa
     verdicts. The slow reap is made certain by stopping the server while the judge closes the candidate."""
     from musacoder.backends import get_backend
     from musacoder.verifier.judge import Subject
-    from musacoder.verifier.zygote import Zygote
+    from musacoder.verifier.zygote import SubjectZygote
 
-    zygote = Zygote({}, tmp_path / "logs" / "zygote.log")
+    zygote = SubjectZygote({}, tmp_path / "logs" / "zygote.log")
     backend = get_backend("cpu")
     try:
         zygote.device_fork()  # started
@@ -55,7 +55,7 @@ def test_a_forked_subject_whose_end_went_unrecorded_says_so(tmp_path):
     from multiprocessing.connection import Connection
 
     from musacoder.proc.process import WorkerDied, WorkerProcess
-    from musacoder.verifier.zygote import Forked
+    from musacoder.proc.zygote import Forked
 
     gone = subprocess.Popen(["true"], start_new_session=True)  # left a zombie: its pid stays ours, never reused
     while open(f"/proc/{gone.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
@@ -70,3 +70,47 @@ def test_a_forked_subject_whose_end_went_unrecorded_says_so(tmp_path):
             worker._recv(5)
     finally:
         gone.wait()
+
+
+def test_the_fork_server_plumbing_knows_no_verifier(tmp_path):
+    """proc/zygote.py on its own: a server that imports nothing of the verifier forks a worker that answers over the
+    socket it was handed, in its own environment, and records how it ended when it is killed."""
+    import textwrap
+
+    from musacoder.proc.zygote import ForkedWorker, Zygote
+
+    (tmp_path / "echo_server.py").write_text(textwrap.dedent('''
+        import json
+        import os
+        import socket
+        import sys
+        from multiprocessing.connection import Connection
+
+        from musacoder.proc.zygote import serve
+
+
+        def echo(argv):
+            conn = Connection(int(argv[argv.index("--fd") + 1]))
+            conn.send_bytes(json.dumps({"pid": os.getpid(), "argv": argv}).encode())
+            while True:
+                job = json.loads(conn.recv_bytes())
+                conn.send_bytes(json.dumps({"echo": job, "env": os.environ.get("ECHO")}).encode())
+
+
+        if __name__ == "__main__":
+            serve(socket.socket(fileno=int(sys.argv[2])), echo, {"warm": True})
+    '''))
+    zygote = Zygote("echo_server", {"PYTHONPATH": str(tmp_path)}, tmp_path / "logs" / "zygote.log")
+    worker = ForkedWorker(zygote, "echo", "cpu", tmp_path, ["echo_server", "--x", "1"], env={"ECHO": "yes"})
+    try:
+        assert zygote.running()["warm"]
+        hello = worker.start()
+        assert hello["argv"][:3] == ["--x", "1", "--fd"] and hello["pid"] == worker.proc.pid != zygote.proc.pid
+        assert worker.call({"n": 1}, timeout=30) == {"echo": {"n": 1}, "env": "yes"}
+        forked = worker.proc
+        worker.kill()
+        assert forked.returncode == -signal.SIGKILL and forked.recorded
+        assert zygote.proc.poll() is None  # the server outlives its children
+    finally:
+        worker.kill()
+        zygote.close()

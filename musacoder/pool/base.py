@@ -20,6 +20,7 @@ from musacoder.verifier import legality
 from musacoder.verifier.admission import Admission, Case, Route
 from musacoder.verifier.cache import Cache
 from musacoder.verifier.pipeline import decide
+from musacoder.verifier.protocol import WorkerHello
 from musacoder.verifier.static import StaticResult
 from musacoder.verifier.verdict import Status, Verdict
 
@@ -40,7 +41,7 @@ class PoolBase(ABC):
         # depends on whether dispatcher calls are seen
         legality.use_tracer(self.cfg.cache_dir)
         self._arch_env: dict[str, str] = {}
-        self._device_info: dict = {}
+        self._device_info: WorkerHello | None = None
         self._device_ready = threading.Event()
         self._busy = {"compile": 0.0, "device": 0.0}  # seconds the tiers spent working, for stats()
         self._counts = {"submitted": 0, "completed": 0}
@@ -83,8 +84,9 @@ class PoolBase(ABC):
         self._device_ready.wait(timeout=600)
         return self._arch_env
 
-    def wait_ready(self, timeout: float = 600) -> dict:
-        """Block until the first device worker is up; returns its hello (device name, versions)."""
+    def wait_ready(self, timeout: float = 600) -> WorkerHello | None:
+        """Block until the first device worker is up; returns its hello (device name, versions), None if it is not
+        up within `timeout`."""
         self._start_tiers()
         self._device_ready.wait(timeout)
         return self._device_info
@@ -149,10 +151,10 @@ class PoolBase(ABC):
         self._finish(job)
         return False
 
-    def _on_device(self, job: Job, hello: dict):
+    def _on_device(self, job: Job, hello: WorkerHello):
         """The device worker that takes the job: its device and versions go into the verdict."""
-        job.case.device = hello.get("device", "")
-        job.case.versions = dict(hello.get("versions", {}))
+        job.case.device = hello.device
+        job.case.versions = dict(hello.versions)
 
     def _evaluated(self, job: Job, facts: dict | None, failure: tuple[Status, str] | None, seconds: float):
         """Record a device-tier outcome (the judge's facts, or the worker's failure) and finish the job."""

@@ -99,13 +99,13 @@ class LocalPool(PoolBase):
         hello = slot.start()
         if i == 0:
             self._device_info = hello
-            cap = hello.get("versions", {}).get("capability")
+            cap = hello.versions.get("capability")
             self._arch_env = self.admission.backend.arch_env([cap] if cap else [])
             self._device_ready.set()
         while (job := self._device_q.get()) is not None:
             self._on_device(job, hello)
-            if "error" in hello:
-                job.case.failure = (Status.INFRA_ERROR, hello["error"][:500])
+            if hello.error is not None:
+                job.case.failure = (Status.INFRA_ERROR, hello.error[:500])
                 self._finish(job)
                 continue
             facts, failure, seconds = slot.evaluate(self.admission.evaluate_job(job.case))

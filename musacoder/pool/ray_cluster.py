@@ -24,6 +24,7 @@ from musacoder.config import VerifyConfig
 from musacoder.pool.base import Job, PoolBase
 from musacoder.pool.slots import CompileSlot, DeviceSlot
 from musacoder.verifier.build import export_artifacts, import_artifacts
+from musacoder.verifier.protocol import WorkerHello
 from musacoder.verifier.verdict import Status
 
 DEVICE_RESOURCE = "musacoder_device"
@@ -60,8 +61,8 @@ class DeviceActor:
         self.slot = DeviceSlot(backend, VerifyConfig.from_dict(cfg), self.cache, index=None)
         self.hello = self.slot.start()
 
-    def ready(self) -> dict:
-        return {**self.hello, "node": ray.get_runtime_context().get_node_id()}
+    def ready(self) -> WorkerHello:
+        return self.hello.model_copy(update={"node": ray.get_runtime_context().get_node_id()})
 
     def run(self, request: dict, blobs: dict) -> dict:
         import_artifacts(self.cache, blobs)
@@ -95,7 +96,7 @@ class RayPool(PoolBase):
         self._pending = {"compile": collections.deque(), "device": collections.deque()}
         self._idle = {"compile": collections.deque(), "device": collections.deque()}
         self._actors = {"compile": set(), "device": set()}
-        self._hello: dict = {}  # device actor -> its hello
+        self._hello: dict = {}  # device actor -> its WorkerHello
         self._inflight: dict = {}  # ObjectRef -> (kind, actor, job)
         self.infra_retries = 0
         self._stop = threading.Event()
@@ -125,7 +126,7 @@ class RayPool(PoolBase):
         for a, h in zip(actors, hellos):
             self._add("device", a, h)
         self._device_info = hellos[0]
-        caps = sorted({h.get("versions", {}).get("capability") for h in hellos} - {None})
+        caps = sorted({h.versions.get("capability") for h in hellos} - {None})
         self._arch_env = self.admission.backend.arch_env(caps)
         self._device_ready.set()
         for _ in range(self.n_compile):
@@ -137,7 +138,7 @@ class RayPool(PoolBase):
         self._actors[kind].add(a)
         self._inflight[a.ready.remote()] = ("ready-" + kind, a, None)
 
-    def _add(self, kind: str, actor, hello: dict):
+    def _add(self, kind: str, actor, hello: WorkerHello | dict):  # a compile actor's: {"node": ...}
         self._actors[kind].add(actor)
         self._idle[kind].append(actor)
         if kind == "device":

@@ -45,7 +45,7 @@ class CompileSlot:
         """-> (prebuild result, failure, seconds)."""
         t = time.perf_counter()
         try:
-            job = PrebuildJob(candidate_code=code, config=self.cfg.to_dict()).model_dump()
+            job = PrebuildJob(candidate_code=code, config=self.cfg).model_dump()
             res = PrebuildResult.model_validate(self.worker.call(job, timeout=self.cfg.compile_timeout_s + 60))
             if res.timeout:
                 raise WorkerTimeout(res.timeout)
@@ -89,13 +89,13 @@ class DeviceSlot:
         self.cfg, self.device_lock = cfg, device_lock
         self.dev = WorkerProcess("device", backend, cache_dir, worker_argv("device", backend, cache_dir), env=env,
                                  max_jobs=cfg.worker_max_jobs)
-        self.hello: dict = {}
+        self.hello: WorkerHello | None = None
 
-    def start(self) -> dict:
+    def start(self) -> WorkerHello:
         try:
-            self.hello = WorkerHello.model_validate(self.dev.start()).model_dump()
+            self.hello = WorkerHello.model_validate(self.dev.start())
         except (WorkerDied, ValueError) as e:  # ValueError: a hello that is not a WorkerHello
-            self.hello = {"error": str(e)[:500]}
+            self.hello = WorkerHello(pid=0, role="device", error=str(e)[:500])
         return self.hello
 
     def evaluate(self, request: dict) -> tuple[dict | None, tuple[Status, str] | None, float]:

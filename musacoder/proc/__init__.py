@@ -1,1 +1,1 @@
-"""Process plumbing (launching, killing, reaping workers and subjects): imports nothing else of musacoder."""
+"""Process plumbing (launching, forking, killing, reaping workers and subjects): imports nothing else of musacoder."""

@@ -175,9 +175,10 @@ def _operator_routes(app: FastAPI, pool, jobs: JobManager, metrics: Metrics, set
     @app.get("/healthz", summary="Liveness and readiness (no auth)")
     async def healthz():
         hello = pool.wait_ready(timeout=0)
-        ready = bool(hello) and "error" not in hello
-        body = {"ready": ready, "version": __version__, "backend": pool.backend, "device": hello.get("device", ""),
-                "error": hello.get("error"), "queue_length": jobs.queue_length, "max_queue": settings.max_queue,
+        ready = hello is not None and hello.error is None
+        body = {"ready": ready, "version": __version__, "backend": pool.backend,
+                "device": hello.device if hello else "", "error": hello.error if hello else None,
+                "queue_length": jobs.queue_length, "max_queue": settings.max_queue,
                 "pool": await run_in_threadpool(pool.stats)}
         return JSONResponse(body, status_code=200 if ready else 503)
 

@@ -129,7 +129,7 @@ class Admission:
     def evaluate_job(self, case: Case) -> dict:
         """The judge's job for this case, as the message a device worker reads."""
         return EvaluateJob(task_code=case.task.code, task_key=case.task.key, candidate_code=case.code,
-                           config=self.config_for(case.task).to_dict(), build_env=self._arch_env()).model_dump()
+                           config=self.config_for(case.task), build_env=self._arch_env()).model_dump()
 
     def conclude(self, case: Case) -> Verdict:
         """The verdict: made once, complete, from what the case gathered."""

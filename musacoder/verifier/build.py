@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from musacoder.verifier import pch
-from musacoder.verifier.protocol import BuildReply
+from musacoder.verifier.protocol import BuildRecord, BuildReply
 
 # Extension APIs by name (Backend.extension_apis): modules whose load_inline/load a candidate may call.
 EXTENSION_APIS = {"torch": "torch.utils.cpp_extension", "musa": "torch_musa.utils.musa_extension"}
@@ -257,7 +257,7 @@ class RemoteLoader:
         self.request_build = request_build  # BuildRequest arguments -> BuildReply
         self.counter = counter
         self.apis = [extension_api(a) for a in apis]  # the real loaders' signatures, taken before install()
-        self.records: list[dict] = []
+        self.records: list[BuildRecord] = []
         self.kernels: list[str] = []
         self.problems: list[str] = []
 
@@ -275,8 +275,7 @@ class RemoteLoader:
     def _load(self, arguments: dict, kind: str, api: str):
         arguments = {k: _jsonable(v) for k, v in arguments.items() if k not in ("build_directory", "verbose")}
         reply = self.request_build({**arguments, "_kind": kind, "_api": api})
-        self.records.append({"key": reply.key, "seconds": reply.seconds, "cached": reply.cached,
-                             "error": reply.error or None})
+        self.records.append(BuildRecord.of(reply))
         self.kernels += reply.kernels
         self.problems += reply.problems
         if reply.error:

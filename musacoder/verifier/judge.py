@@ -27,6 +27,7 @@ import torch
 from musacoder.config import VerifyConfig
 from musacoder.proc import scratch
 from musacoder.proc.process import WorkerDied, WorkerProcess, WorkerTimeout, descendants, usable_cores
+from musacoder.proc.zygote import ForkedWorker
 from musacoder.verifier import buffers, legality, quiet
 from musacoder.verifier.buffers import DTYPE_NAMES
 from musacoder.verifier.build import Builder
@@ -43,6 +44,7 @@ from musacoder.verifier.inputs import (
     tensor_bytes,
 )
 from musacoder.verifier.protocol import (
+    BuildRecord,
     BuildReply,
     EvaluateJob,
     Facts,
@@ -58,7 +60,7 @@ from musacoder.verifier.protocol import (
 from musacoder.verifier.stages import stage
 from musacoder.verifier.timing import mean_ratio_interval, rse
 from musacoder.verifier.window import Block, Window
-from musacoder.verifier.zygote import ForkedWorker, Zygote
+from musacoder.verifier.zygote import SubjectZygote
 
 
 def auto_spares(cores: int, sharing: int) -> int:
@@ -102,7 +104,7 @@ class Subject:
     """The judge's handle on one subject process."""
 
     def __init__(self, backend, cache_dir: Path, role: str, device: bool, threads: int | None,
-                 zygote: Zygote | None = None):
+                 zygote: SubjectZygote | None = None):
         ipc = buffers.device_ipc(backend.device_type)
         self.private = scratch.new_dir(role, shared_memory=not ipc)
         # the private directory goes in the environment, not argv: argv is readable to every process (cmdline)
@@ -153,17 +155,20 @@ class Subject:
     def call(self, cmd: SubjectCommand, timeout: float, on_build=None) -> SubjectReply:
         return SubjectReply.model_validate(self.proc.call(cmd.model_dump(), timeout, on_build))
 
-    def block(self, cmd: SubjectCommand, timeout: float, on_build=None, spin: bool = False) -> Block:
+    def block(self, cmd: SubjectCommand, timeout: float, on_build=None, spin: bool = False,
+              limit_s: float | None = None) -> Block:
         """A timed block (window.py): the command, answered `ready` once the subject has prepared its calls; a bare
         `go` and `done` around the calls, on this clock; then the reply, once the outputs are read back. The
         preparation and the read-back are on this clock too (work moved out of the timed stretch shows there). A
         subject that fails before `done` ends it with its reply. `spin`: poll for `done` without sleeping (a device
-        backend: the judge's own wake-up stays off the clock; never on the cpu, whose cores the subjects use)."""
+        backend: the judge's own wake-up stays off the clock; never on the cpu, whose cores the subjects use).
+        `limit_s`: the most the calls and the read-back may take from `go` (past it WorkerTimeout, the subject
+        killed)."""
         t_cmd = time.perf_counter()
         ready = self.call(cmd, timeout, on_build)
         if ready.kind != "ready":
             return Block(reply=ready)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (timeout if limit_s is None else min(timeout, limit_s))
         t0 = time.perf_counter()
         self.proc.conn.send_bytes(b"go")
         while (msg := self._bare(deadline, spin)) != b"done":  # a build its forward asked for, or its failure
@@ -227,7 +232,7 @@ class Judge:
                 env["OMP_NUM_THREADS"] = str(self.threads)
             if backend.device_type == "cpu":
                 env.update(steady_malloc())
-            self.zygote = Zygote(env, self.cache_dir / "logs" / f"zygote-{os.getpid()}.log")
+            self.zygote = SubjectZygote(env, self.cache_dir / "logs" / f"zygote-{os.getpid()}.log")
             if use_device and backend.device_type != "cpu" and not self.zygote.device_fork():
                 print("forked subjects could not use the device: starting them from scratch", file=sys.stderr,
                       flush=True)
@@ -282,7 +287,7 @@ class Judge:
     # ---- compile tier ----------------------------------------------------------------------------------------------
     def prebuild(self, job: PrebuildJob) -> PrebuildResult:
         """Import the candidate in a fresh sandboxed subject (no device) so its builds land in the cache."""
-        cfg = VerifyConfig.from_dict(job.config)
+        cfg = job.config
         builds: list[BuildReply] = []
         cand = self._take_candidate()
         t0 = time.perf_counter()
@@ -295,7 +300,7 @@ class Judge:
             r = SubjectReply(ok=False, kind="import", error=f"the candidate crashed its process: {str(e)[:500]}")
         finally:
             cand.close()
-        out = PrebuildResult(builds=[_record(b) for b in builds],
+        out = PrebuildResult(builds=[BuildRecord.of(b) for b in builds],
                              symbol_problems=sorted({p for b in builds for p in b.problems}),
                              kernels=[k for b in builds for k in b.kernels], seconds=time.perf_counter() - t0)
         if not r.ok:
@@ -312,7 +317,7 @@ class Judge:
 
     # ---- device tier -----------------------------------------------------------------------------------------------
     def evaluate(self, job: EvaluateJob) -> Facts:
-        cfg = VerifyConfig.from_dict(job.config)
+        cfg = job.config
         os.environ.update(job.build_env)  # the compile tier's arch list, so its builds are found in the cache
         f = Facts(worker_pid=os.getpid())
         run = _Run(self, cfg, f, random.SystemRandom())
@@ -350,7 +355,7 @@ class _Run:
         """What a candidate's reply says it ran: ops, launches, harness integrity (evidence, summed over the job); and
         what it had built meanwhile, with the symbols refused in any of it: a build asked for after import (in
         __init__ or forward) is judged like one at import (a BLAS call built lazily was `ok` before 2026-11-28)."""
-        self.f.builds = [_record(b) for b in self.builds]
+        self.f.builds = [BuildRecord.of(b) for b in self.builds]
         self.f.symbol_problems = sorted({p for b in self.builds for p in b.problems})
         self.f.ops.update({k: self.f.ops.get(k, 0) + v for k, v in r.ops.items()})
         self.f.launches += r.launches
@@ -843,11 +848,6 @@ def _crash(e: WorkerDied, backend, limit: int) -> str:
     if "SIGSEGV" in str(e) and not buffers.device_ipc(backend.device_type):
         why += " (its inputs are mapped read-only: writing to them faults)"
     return why
-
-
-def _record(b: BuildReply) -> dict:
-    return {"key": b.key, "seconds": round(b.seconds, 3), "cached": b.cached,
-            "error": (b.error or None) and b.error[-500:]}
 
 
 def _last_line(text: str) -> str:

@@ -65,7 +65,8 @@ def _prebuild_symbols(v, static, prebuild, f):
 
 def _record_run(v, static, prebuild, f):
     v.stage_seconds.update(f.stage_seconds)
-    v.details.update({k: v_ for k, v_ in (("sandbox", f.sandbox), ("tracer", f.tracer), ("builds", f.builds),
+    builds = [b.model_dump() for b in f.builds]
+    v.details.update({k: v_ for k, v_ in (("sandbox", f.sandbox), ("tracer", f.tracer), ("builds", builds),
                                           ("launch_names", f.launch_names), ("worker_pid", f.worker_pid),
                                           ("candidate_pid", f.candidate_pid)) if v_})
 

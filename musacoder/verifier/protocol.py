@@ -11,9 +11,11 @@ synth.profiling --ProfileCommand--> its profiling process; ProfileReply back, bu
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator
+
+from musacoder.config import VerifyConfig
 
 
 class Msg(BaseModel):
@@ -39,7 +41,8 @@ class OutputSpec(Msg):
 
 
 class WorkerHello(Msg):
-    """A pool worker's first message: it is up, where it runs, and (device workers) on what."""
+    """A pool worker's first message: it is up, where it runs, and (device workers) on what. The pool adds what
+    only it knows: the Ray node it runs on, or why it did not start (`error`; pid 0)."""
 
     type: Literal["hello"] = "hello"
     pid: int
@@ -47,6 +50,22 @@ class WorkerHello(Msg):
     cpus: list[int] = Field(default_factory=list)  # the cores it and what it starts run on
     device: str = ""
     versions: dict[str, Any] = Field(default_factory=dict)
+    node: str = ""
+    error: str | None = None
+
+
+class BuildRecord(Msg):
+    """One build a candidate asked for, as facts and verdicts report it."""
+
+    key: str = ""
+    seconds: float = 0.0
+    cached: bool = False
+    error: str | None = None  # the tail of the build log
+
+    @classmethod
+    def of(cls, reply: BuildReply) -> BuildRecord:
+        return cls(key=reply.key, seconds=round(reply.seconds, 3), cached=reply.cached,
+                   error=reply.error[-500:] if reply.error else None)
 
 
 class PrebuildResult(Msg):
@@ -54,7 +73,7 @@ class PrebuildResult(Msg):
 
     build_error: str | None = None
     import_error: str | None = None
-    builds: list[dict[str, Any]] = Field(default_factory=list)
+    builds: list[BuildRecord] = Field(default_factory=list)
     symbol_problems: list[str] = Field(default_factory=list)
     kernels: list[str] = Field(default_factory=list)
     seconds: float = 0.0
@@ -111,7 +130,7 @@ class SubjectReply(Msg):
     ops: dict[str, int] = Field(default_factory=dict)  # aten ops dispatched during this command
     launches: int = 0
     launch_names: list[str] = Field(default_factory=list)
-    builds: list[dict] = Field(default_factory=list)
+    builds: list[BuildRecord] = Field(default_factory=list)
     profile: dict | None = None
     flops: float = 0.0
     seconds: float = 0.0
@@ -186,18 +205,27 @@ class ProfileReply(Msg):
 
 
 # ---- pool <-> judge ------------------------------------------------------------------------------------------
+def _verify_config(v: Any) -> VerifyConfig:
+    return v if isinstance(v, VerifyConfig) else VerifyConfig.from_dict(v)
+
+
+# VerifyConfig is a settings dataclass: its own loader validates it (unknown keys refused, strict types), and it
+# crosses as its to_dict(). A backend 'auto' crosses as it is: it is resolved where a device is known, not here.
+WireConfig = Annotated[VerifyConfig, PlainValidator(_verify_config), PlainSerializer(VerifyConfig.to_dict)]
+
+
 class EvaluateJob(Msg):
     task_code: str
     task_key: str
     candidate_code: str
-    config: dict
+    config: WireConfig
     build_env: dict[str, str] = Field(default_factory=dict)
     device_lock: str = ""  # path prefix of the lock judges sharing this device take (verifier/devlock.py); "": none
 
 
 class PrebuildJob(Msg):
     candidate_code: str
-    config: dict
+    config: WireConfig
 
 
 class Trial(Msg):
@@ -255,7 +283,7 @@ class Facts(Msg):
     illegal_ops: list[str] = Field(default_factory=list)
     launches: int = 0
     launch_names: list[str] = Field(default_factory=list)
-    builds: list[dict] = Field(default_factory=list)
+    builds: list[BuildRecord] = Field(default_factory=list)
     profile: dict | None = None
     profile_error: str = ""
     processes_spawned: int = 0

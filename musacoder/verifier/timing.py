@@ -41,6 +41,18 @@ def plan_calls(call_ms: float, set_bytes: int, out_bytes: int, cache_bytes: int,
     return max(1, min(want, cap))
 
 
+# A candidate's timed block may last BLOCK_OVERRUN times what its probed calls planned (at least BLOCK_FLOOR_S)
+BLOCK_OVERRUN, BLOCK_FLOOR_S = 20.0, 5.0
+
+
+def block_limit_s(calls: int, probed_ms: float) -> float:
+    """The most a candidate's timed block may take from `go` to its read-back's end, in seconds. Work queued after its
+    calls returned (exploit_46: ~0.3 s of spin kernels behind each call that returns in microseconds, so its probes
+    can read fast and size 1,024-call blocks) would otherwise hold the judge for the whole run; past the limit the
+    block is stopped and no speed is measured. An honest block lasts about its plan (cold inputs: a few times it)."""
+    return max(BLOCK_OVERRUN * calls * probed_ms / 1e3, BLOCK_FLOOR_S)
+
+
 PROBE_RATIO = 4.0  # timed calls this much faster than the probed ones, when the probe capped the blocks: refused
 
 

@@ -31,7 +31,9 @@ from musacoder.verifier.protocol import SubjectCommand, SubjectReply, Timing
 from musacoder.verifier.quiet import QuietGate
 from musacoder.verifier.stages import stage
 from musacoder.verifier.timing import (
+    BLOCK_OVERRUN,
     LEFT_RUNNING_MS,
+    block_limit_s,
     faster_than_probed,
     left_running,
     moved_out,
@@ -255,7 +257,17 @@ class Window:
             subject, on_build = run.cand, run.j._serve_builds(run.builds)
         else:
             subject, on_build = run.j._reference(), None
-        got = subject.block(cmd, run.left(), on_build, spin=self.j.device.type != "cpu")
+        limit = block_limit_s(self.calls, self.probed_cand) if arm == "cand" else None
+        try:
+            got = subject.block(cmd, run.left(), on_build, spin=self.j.device.type != "cpu", limit_s=limit)
+        except WorkerTimeout:
+            if limit is None or limit >= run.left():
+                raise
+            planned = self.calls * self.probed_cand
+            raise RuntimeError(f"a timed block of its {self.calls} calls ran past {limit:.3g} s, over "
+                               f"{BLOCK_OVERRUN:.0f}x what its probed calls planned ({planned:.3g} ms): work queued "
+                               "after its calls returned, or a slowness its probes did not show; no speed is "
+                               "measured") from None
         r = got.reply
         if self.graph and cmd.sets is not None and not r.graphed:
             if arm != "comp":
