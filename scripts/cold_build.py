@@ -7,7 +7,8 @@ profile, timing on) with a fresh cache per mode:
 - after: the builder's `.cu` levers (the light `.cu` first, nvcc's front ends side by side; docs/verifier.md), no
   precompiled header (MUSACODER_PCH=0): a host's very first build;
 - pch: as shipped, once the precompiled torch header for the bindings' flags exists (verifier/pch.py): one unmeasured
-  verification first, then a wait for its PCH, in a fresh PCH folder.
+  verification first, then a wait for its PCH, in a fresh PCH folder;
+- lightest: pch with MUSACODER_LIGHTEST=1 (the light `.cu` with musacoder's own lighter torch/types.h where it fits).
 Prints per kernel and mode the wall time from submission to verdict, the compile stage, the verdict and which build
 the library is (light / own, +pch); for `after`, the median seconds of each nvcc step of the `.cu` builds. Exits
 non-zero when a verdict is not the catalog's or a mode fails. Needs no network (Python 3.12, torch + CUDA, nvcc).
@@ -50,10 +51,13 @@ def run_mode(mode: str, examples, repeats: int) -> list[dict]:
     # read by the compile worker the pool starts
     os.environ.pop("MUSACODER_PLAIN_BUILDS", None)
     os.environ.pop("MUSACODER_PCH", None)
+    os.environ.pop("MUSACODER_LIGHTEST", None)
     if mode == "before":
         os.environ["MUSACODER_PLAIN_BUILDS"] = "1"
     elif mode == "after":
         os.environ["MUSACODER_PCH"] = "0"
+    elif mode == "lightest":
+        os.environ["MUSACODER_LIGHTEST"] = "1"
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"cold-{mode}-") as cache:
         times = Path(cache) / "nvcc-steps.jsonl"
@@ -62,7 +66,7 @@ def run_mode(mode: str, examples, repeats: int) -> list[dict]:
         cfg = VerifyConfig(backend="cuda", cache_dir=cache)
         with LocalPool(cfg, compile_workers=1, devices=1) as pool:
             list(pool.verify_many([(builtin_task("level1/19_ReLU"), WARMUP)]))
-            if mode == "pch":
+            if mode in ("pch", "lightest"):
                 list(pool.verify_many([(builtin_task(examples[0].task), fresh(examples[0].code))]))
                 deadline = time.monotonic() + 300
                 while not _pch_made(Path(cache) / "pch") and time.monotonic() < deadline:
@@ -77,12 +81,15 @@ def run_mode(mode: str, examples, repeats: int) -> list[dict]:
                     wall = time.perf_counter() - t0
                     keys = [b.get("key") for b in v.details.get("builds", []) if b.get("key")]
                     light = [(Path(cache) / "ext" / k / "light").exists() for k in keys]
-                    with_pch = any(str(Path(cache) / "pch") in (Path(cache) / "ext" / k / "build.ninja").read_text()
-                                   for k in keys if (Path(cache) / "ext" / k / "build.ninja").exists())
+                    ninja = [(Path(cache) / "ext" / k / "build.ninja").read_text() for k in keys
+                             if (Path(cache) / "ext" / k / "build.ninja").exists()]
+                    with_pch = any(str(Path(cache) / "pch") in n for n in ninja)
+                    lightest = any("light_headers" in n for n in ninja)
                     rows.append({"mode": mode, "kernel": e.name, "repeat": r, "wall_s": wall,
                                  "compile_s": v.stage_seconds.get("compile", float("nan")), "status": v.status.value,
                                  "expected": e.accepted,
-                                 "build": ("light" if all(light) and light else "own") + ("+pch" if with_pch else ""),
+                                 "build": ("lightest" if lightest and all(light) and light else
+                                           "light" if all(light) and light else "own") + ("+pch" if with_pch else ""),
                                  "reason": (v.reason or "")[:200]})
                     print(json.dumps(rows[-1], default=str), file=sys.stderr, flush=True)
         steps = [json.loads(line) for line in times.read_text().splitlines()] if times.exists() else []
@@ -114,7 +121,7 @@ def step_table(steps: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernels", default=DEFAULT_KERNELS, help="comma-separated names of shipped honest CUDA kernels")
-    ap.add_argument("--modes", default="before,after,pch")
+    ap.add_argument("--modes", default="before,after,pch")  # and lightest: pch with MUSACODER_LIGHTEST=1
     ap.add_argument("--repeats", type=int, default=1)
     a = ap.parse_args()
     catalog = {e.name: e for e in load_catalog("cuda") if e.honest}
@@ -125,8 +132,8 @@ def main() -> int:
               file=sys.stderr)
         return 2
     modes = a.modes.split(",")
-    if not set(modes) <= {"before", "after", "pch"}:
-        print("error: --modes takes one or more of before, after, pch", file=sys.stderr)
+    if not set(modes) <= {"before", "after", "pch", "lightest"}:
+        print("error: --modes takes one or more of before, after, pch, lightest", file=sys.stderr)
         return 2
     examples = [catalog[n] for n in names]
     host = f"{os.cpu_count()} cores"

@@ -20,7 +20,7 @@ import torch.utils.cpp_extension as cpp_extension
 import musacoder
 from musacoder.backends import get_backend
 from musacoder.backends.cpu import CpuBackend
-from musacoder.backends.cuda import light_cuda_sources
+from musacoder.backends.cuda import LIGHT_HEADERS, light_cuda_sources, lightest_fits
 from musacoder.verifier import nvcc_overlap, pch
 from musacoder.verifier.build import Builder
 
@@ -89,6 +89,26 @@ def test_no_light_build_where_the_umbrella_header_could_matter():
     assert get_backend("cuda").light_build(request) == {**request, "cuda_sources": [light_cuda_sources([base])[0]]}
     assert get_backend("cuda").light_build({"name": "k", "cpp_sources": base}) is None  # no .cu
     assert get_backend("cpu").light_build(request) is None
+
+
+def test_the_lightest_header_only_where_the_source_names_what_it_declares(monkeypatch):
+    base = "#include <torch/extension.h>\n__global__ void k(float* x) {}\n"
+    honest = base + "torch::Tensor f(torch::Tensor x) { TORCH_CHECK(x.scalar_type() == torch::kFloat32);\n" \
+                    "  auto y = torch::empty_like(x); at::cuda::getCurrentCUDAStream(); return y; }\n"
+    assert lightest_fits([honest])
+    for extra in ("auto z = torch::matmul(x, x);", "auto z = at::native::relu(x);",  # declared only by ATen.h
+                  "#include <torch/csrc/autograd/variable.h>", "auto t = torch :: arange(3);"):
+        assert not lightest_fits([honest + extra]), extra
+    request = {"name": "k", "cpp_sources": "torch::Tensor f(torch::Tensor x);", "cuda_sources": honest,
+               "functions": ["f"], "extra_cuda_cflags": ["-O3"]}
+    monkeypatch.delenv("MUSACODER_LIGHTEST", raising=False)
+    assert get_backend("cuda").light_build(request)["extra_cuda_cflags"] == ["-O3"]  # opt-in
+    monkeypatch.setenv("MUSACODER_LIGHTEST", "1")
+    flags = get_backend("cuda").light_build(request)["extra_cuda_cflags"]
+    assert flags == ["-O3", f"-I{LIGHT_HEADERS}"] and (LIGHT_HEADERS / "torch" / "types.h").is_file()
+    assert request["extra_cuda_cflags"] == ["-O3"]  # the candidate's own flags untouched
+    request["cuda_sources"] = honest + "auto z = torch::matmul(x, x);"
+    assert get_backend("cuda").light_build(request)["extra_cuda_cflags"] == ["-O3"]
 
 
 # ---- the Builder: light first, the candidate's own build when it does not compile ---------------------------------

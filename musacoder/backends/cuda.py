@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import sys
+from pathlib import Path
 
 import torch
 
@@ -33,6 +34,28 @@ _UMBRELLA_ONLY = re.compile(r"\b(?:pybind11|py::|PYBIND11_\w*|Py_\w+|PyObject|to
 _CONDITION = re.compile(r"^[ \t]*#[ \t]*(?:if|ifdef|ifndef|elif|elifdef|elifndef)\b(.*)$", re.M)
 _DEFINED_HERE = re.compile(r"^[ \t]*#[ \t]*(?:define|undef)[ \t]+(\w+)", re.M)
 _SAFE_MACROS = {"defined", "CUDART_VERSION", "CUDA_VERSION"}
+
+
+# The lightest tier (opt-in, MUSACODER_LIGHTEST=1, until measured on a GPU host): a `.cu` that names, under `torch::`
+# and `at::`, only what light_headers/torch/types.h declares gets that header in place of torch/types.h (the one its
+# umbrella line and load_inline's own first line include), and no other `torch/` header.
+LIGHT_HEADERS = Path(__file__).parent / "light_headers"
+_LIGHTEST_NAMES = {"Tensor", "TensorOptions", "ScalarType", "Dtype", "Scalar", "Device", "DeviceType", "IntArrayRef",
+                   "MemoryFormat", "Layout", "Half", "BFloat16", "empty", "empty_like", "empty_strided", "zeros",
+                   "zeros_like", "ones", "ones_like", "full", "full_like", "dtype", "device", "nullopt", "optional",
+                   "cuda"}  # at::cuda: declared by the candidate's own ATen/cuda include, as with the full header
+_QUALIFIED = re.compile(r"\b(?:torch|at)\s*::\s*(\w+)")
+_OTHER_TORCH_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/(?!(?:extension|torch|all|types)\.h[>"])',
+                                  re.M)
+
+
+def lightest_fits(sources: list[str]) -> bool:
+    """Whether the light `.cu` may take light_headers' torch/types.h: every `torch::`/`at::` name it uses is declared
+    there (dtype constants `k...` too), and it includes no other torch header (one may expect the full types.h)."""
+    text = "\n".join(sources)
+    names = set(_QUALIFIED.findall(text))
+    return (not _OTHER_TORCH_INCLUDE.search(text)
+            and all(n in _LIGHTEST_NAMES or re.fullmatch(r"k[A-Z]\w*", n) for n in names))
 
 
 def light_cuda_sources(sources: list[str]) -> list[str] | None:
@@ -73,7 +96,13 @@ class CudaBackend(GpuBackend):
     def light_build(self, arguments: dict) -> dict | None:
         sources = arguments.get("cuda_sources")
         light = light_cuda_sources([sources] if isinstance(sources, str) else list(sources or []))
-        return None if light is None else {**arguments, "cuda_sources": light}
+        if light is None:
+            return None
+        out = {**arguments, "cuda_sources": light}
+        if os.environ.get("MUSACODER_LIGHTEST") == "1" and lightest_fits(light):
+            # -I: searched before torch's -isystem folders, for the `.cu` only (nvcc's flags)
+            out["extra_cuda_cflags"] = [*(arguments.get("extra_cuda_cflags") or []), f"-I{LIGHT_HEADERS}"]
+        return out
 
     def compiler_env(self) -> dict[str, str]:
         """nvcc with its host and device front ends side by side (verifier/nvcc_overlap.py), unless the user chose an
