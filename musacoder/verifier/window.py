@@ -257,11 +257,12 @@ class Window:
             subject, on_build = run.cand, run.j._serve_builds(run.builds)
         else:
             subject, on_build = run.j._reference(), None
+        left = run.left()
         limit = block_limit_s(self.calls, self.probed_cand) if arm == "cand" else None
         try:
-            got = subject.block(cmd, run.left(), on_build, spin=self.j.device.type != "cpu", limit_s=limit)
+            got = subject.block(cmd, left, on_build, spin=self.j.device.type != "cpu", limit_s=limit)
         except WorkerTimeout:
-            if limit is None or limit >= run.left():
+            if limit is None or limit >= left:  # the run's own limit ended it: a timeout
                 raise
             planned = self.calls * self.probed_cand
             raise RuntimeError(f"a timed block of its {self.calls} calls ran past {limit:.3g} s, over "
