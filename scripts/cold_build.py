@@ -5,15 +5,15 @@ cache anywhere has it), are verified one at a time by a warm pool (one compile w
 profile, timing on) with a fresh cache per mode:
 - before: MUSACODER_PLAIN_BUILDS=1, torch's loader as it is (the `.cu` with its own headers, plain nvcc);
 - after: the builder's `.cu` levers (the light `.cu` first, nvcc's front ends side by side; docs/verifier.md), no
-  precompiled header (MUSACODER_PCH=0): a host's very first build;
-- pch: as shipped, once the precompiled torch header for the bindings' flags exists (verifier/pch.py): one unmeasured
+  precompiled header (MUSACODER_PCH=0), not the lightest `.cu` (MUSACODER_LIGHTEST=0): a host's very first build;
+- pch: after, once the precompiled torch header for the bindings' flags exists (verifier/pch.py): one unmeasured
   verification first, then a wait for its PCH, in a fresh PCH folder;
-- lightest: pch with MUSACODER_LIGHTEST=1 (the light `.cu` with musacoder's own lighter torch/types.h where it fits).
+- lightest: as shipped, pch with the lightest `.cu` (musacoder's own lighter torch/types.h where it fits).
 Prints per kernel and mode the wall time from submission to verdict, the compile stage, the verdict and which build
 the library is (light / own, +pch); for `after`, the median seconds of each nvcc step of the `.cu` builds. Exits
 non-zero when a verdict is not the catalog's or a mode fails. Needs no network (Python 3.12, torch + CUDA, nvcc).
 
-    python scripts/cold_build.py                                   # all three modes, 3 kernels, once each
+    python scripts/cold_build.py                                   # all four modes, 3 kernels, once each
     python scripts/cold_build.py --modes pch --kernels honest_relu,honest_softmax --repeats 2
 """
 
@@ -51,13 +51,13 @@ def run_mode(mode: str, examples, repeats: int) -> list[dict]:
     # read by the compile worker the pool starts
     os.environ.pop("MUSACODER_PLAIN_BUILDS", None)
     os.environ.pop("MUSACODER_PCH", None)
-    os.environ.pop("MUSACODER_LIGHTEST", None)
+    os.environ["MUSACODER_LIGHTEST"] = "0"
     if mode == "before":
         os.environ["MUSACODER_PLAIN_BUILDS"] = "1"
     elif mode == "after":
         os.environ["MUSACODER_PCH"] = "0"
     elif mode == "lightest":
-        os.environ["MUSACODER_LIGHTEST"] = "1"
+        os.environ.pop("MUSACODER_LIGHTEST")  # as shipped
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"cold-{mode}-") as cache:
         times = Path(cache) / "nvcc-steps.jsonl"
@@ -121,7 +121,7 @@ def step_table(steps: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernels", default=DEFAULT_KERNELS, help="comma-separated names of shipped honest CUDA kernels")
-    ap.add_argument("--modes", default="before,after,pch")  # and lightest: pch with MUSACODER_LIGHTEST=1
+    ap.add_argument("--modes", default="before,after,pch,lightest")
     ap.add_argument("--repeats", type=int, default=1)
     a = ap.parse_args()
     catalog = {e.name: e for e in load_catalog("cuda") if e.honest}

@@ -86,7 +86,8 @@ def test_no_light_build_where_the_umbrella_header_could_matter():
     assert light_cuda_sources([base + 'printf("//"); auto s = torch::cuda::getCurrentCUDAStream();']) is None
     assert light_cuda_sources(["#include <ATen/ATen.h>\n"]) is None  # no umbrella: nothing to gain
     request = {"name": "k", "cpp_sources": "torch::Tensor f(torch::Tensor x);", "cuda_sources": base, "functions": ["f"]}
-    assert get_backend("cuda").light_build(request) == {**request, "cuda_sources": [light_cuda_sources([base])[0]]}
+    assert get_backend("cuda").light_build(request) == {**request, "cuda_sources": [light_cuda_sources([base])[0]],
+                                                        "extra_cuda_cflags": [f"-I{LIGHT_HEADERS}"]}  # and lightest
     assert get_backend("cuda").light_build({"name": "k", "cpp_sources": base}) is None  # no .cu
     assert get_backend("cpu").light_build(request) is None
 
@@ -102,13 +103,38 @@ def test_the_lightest_header_only_where_the_source_names_what_it_declares(monkey
     request = {"name": "k", "cpp_sources": "torch::Tensor f(torch::Tensor x);", "cuda_sources": honest,
                "functions": ["f"], "extra_cuda_cflags": ["-O3"]}
     monkeypatch.delenv("MUSACODER_LIGHTEST", raising=False)
-    assert get_backend("cuda").light_build(request)["extra_cuda_cflags"] == ["-O3"]  # opt-in
-    monkeypatch.setenv("MUSACODER_LIGHTEST", "1")
     flags = get_backend("cuda").light_build(request)["extra_cuda_cflags"]
     assert flags == ["-O3", f"-I{LIGHT_HEADERS}"] and (LIGHT_HEADERS / "torch" / "types.h").is_file()
     assert request["extra_cuda_cflags"] == ["-O3"]  # the candidate's own flags untouched
     request["cuda_sources"] = honest + "auto z = torch::matmul(x, x);"
     assert get_backend("cuda").light_build(request)["extra_cuda_cflags"] == ["-O3"]
+    monkeypatch.setenv("MUSACODER_LIGHTEST", "0")  # on unless turned off
+    request["cuda_sources"] = honest
+    assert get_backend("cuda").light_build(request)["extra_cuda_cflags"] == ["-O3"]
+
+
+# the mangled name of at::_ops::empty_like::call, which torch's libraries define (the CPU wheel's too)
+EMPTY_LIKE = "_ZN2at4_ops10empty_like4callERKNS_6TensorESt8optionalIN3c1010ScalarTypeEES5_INS6_6LayoutEES5_INS6_6" \
+             "DeviceEES5_IbES5_INS6_12MemoryFormatEE"
+
+
+def _library_importing(tmp_path: Path, name: str) -> Path:
+    src, lib = tmp_path / f"{len(name)}.c", tmp_path / f"lib{len(name)}.so"
+    src.write_text(f"extern void {name}(void);\nvoid use(void) {{ {name}(); }}\n")
+    subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    return lib
+
+
+def test_a_lightest_library_must_import_only_what_torch_defines(tmp_path):
+    """A declaration of light_headers that differed from torch's would compile and fail only at load: such a library
+    is not used (the builder then builds the candidate's own sources)."""
+    cuda = get_backend("cuda")
+    lightest = {"extra_cuda_cflags": ["-O3", f"-I{LIGHT_HEADERS}"]}
+    assert cuda.light_library_problem(_library_importing(tmp_path, EMPTY_LIKE), lightest) is None
+    wrong = EMPTY_LIKE.replace("4callE", "4callEi")  # one more parameter than torch's
+    problem = cuda.light_library_problem(_library_importing(tmp_path, wrong), lightest)
+    assert problem and wrong in problem
+    assert cuda.light_library_problem(_library_importing(tmp_path, wrong), {"extra_cuda_cflags": ["-O3"]}) is None
 
 
 # ---- the Builder: light first, the candidate's own build when it does not compile ---------------------------------
@@ -143,6 +169,11 @@ def test_builder_falls_back_to_the_candidates_own_sources_and_reports_their_erro
     assert not reply.error and (Path(reply.path).parent / "light").exists() and fine.tried == 1
     again = Builder(tmp_path, fine).build(_request("int g() { return 2; }\n"))
     assert again.cached and again.key == reply.key and fine.tried == 1  # same sources: same key, nothing rebuilt
+
+    refused = _Light(lambda s: s + "// light\n")
+    refused.light_library_problem = lambda library, light: "imports what torch does not define"
+    reply = Builder(tmp_path, refused).build(_request("int h() { return 3; }\n"))
+    assert not reply.error and not (Path(reply.path).parent / "light").exists() and refused.tried == 1
 
 
 # ---- nvcc_overlap ---------------------------------------------------------------------------------------------------

@@ -140,6 +140,11 @@ class Backend(ABC):
         reported: the candidate's own build follows); None where this backend has none for these arguments."""
         return None
 
+    def light_library_problem(self, library: Path, light: dict) -> str | None:
+        """Why a library that compiled from `light_build`'s arguments must not be used (the candidate's own build
+        follows, as for one that did not compile); None where it may."""
+        return None
+
     def compiler_env(self) -> dict[str, str]:
         """Environment for the loader's compile commands, set only while the builder runs them."""
         return {}

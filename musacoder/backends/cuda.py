@@ -36,10 +36,31 @@ _DEFINED_HERE = re.compile(r"^[ \t]*#[ \t]*(?:define|undef)[ \t]+(\w+)", re.M)
 _SAFE_MACROS = {"defined", "CUDART_VERSION", "CUDA_VERSION"}
 
 
-# The lightest tier (opt-in, MUSACODER_LIGHTEST=1, until measured on a GPU host): a `.cu` that names, under `torch::`
-# and `at::`, only what light_headers/torch/types.h declares gets that header in place of torch/types.h (the one its
-# umbrella line and load_inline's own first line include), and no other `torch/` header.
+# The lightest tier (MUSACODER_LIGHTEST=0 turns it off): a `.cu` that names, under `torch::` and `at::`, only what
+# light_headers/torch/types.h declares gets that header in place of torch/types.h (the one its umbrella line and
+# load_inline's own first line include), and no other `torch/` header.
 LIGHT_HEADERS = Path(__file__).parent / "light_headers"
+_LIGHTEST_FLAG = f"-I{LIGHT_HEADERS}"
+_TORCH_MANGLED = re.compile(r"_ZN?K?(?:3c10|2at|5torch)")  # a symbol in namespace c10, at or torch
+
+
+@functools.cache
+def _torch_hash_tables() -> tuple:
+    """The GNU hash tables of torch's shared libraries (kept open: a lookup reads the file)."""
+    from elftools.elf.elffile import ELFFile
+
+    folder = Path(torch.__file__).parent / "lib"
+    tables = []
+    for lib in sorted(folder.glob("lib*.so")):
+        table = ELFFile(open(lib, "rb")).get_section_by_name(".gnu.hash")
+        if table is not None:
+            tables.append(table)
+    return tuple(tables)
+
+
+def _torch_defines(name: str) -> bool:
+    return any((sym := t.get_symbol(name)) is not None and sym["st_shndx"] != "SHN_UNDEF"
+               for t in _torch_hash_tables())
 _LIGHTEST_NAMES = {"Tensor", "TensorOptions", "ScalarType", "Dtype", "Scalar", "Device", "DeviceType", "IntArrayRef",
                    "MemoryFormat", "Layout", "Half", "BFloat16", "empty", "empty_like", "empty_strided", "zeros",
                    "zeros_like", "ones", "ones_like", "full", "full_like", "dtype", "device", "nullopt", "optional",
@@ -99,10 +120,24 @@ class CudaBackend(GpuBackend):
         if light is None:
             return None
         out = {**arguments, "cuda_sources": light}
-        if os.environ.get("MUSACODER_LIGHTEST") == "1" and lightest_fits(light):
+        if os.environ.get("MUSACODER_LIGHTEST", "1") != "0" and lightest_fits(light):
             # -I: searched before torch's -isystem folders, for the `.cu` only (nvcc's flags)
-            out["extra_cuda_cflags"] = [*(arguments.get("extra_cuda_cflags") or []), f"-I{LIGHT_HEADERS}"]
+            out["extra_cuda_cflags"] = [*(arguments.get("extra_cuda_cflags") or []), _LIGHTEST_FLAG]
         return out
+
+    def light_library_problem(self, library: Path, light: dict) -> str | None:
+        """A lightest build whose library imports a torch symbol that torch's libraries do not define: a declaration
+        of light_headers that differs from torch's own would fail only when the candidate's library is loaded."""
+        if _LIGHTEST_FLAG not in (light.get("extra_cuda_cflags") or []):
+            return None
+        from elftools.elf.elffile import ELFFile
+
+        with open(library, "rb") as f:
+            dynsym = ELFFile(f).get_section_by_name(".dynsym")
+            wanted = [sym.name for sym in (dynsym.iter_symbols() if dynsym else [])
+                      if sym["st_shndx"] == "SHN_UNDEF" and _TORCH_MANGLED.match(sym.name)]
+        missing = [name for name in wanted if not _torch_defines(name)]
+        return f"imports {len(missing)} torch symbol(s) torch does not define, e.g. {missing[0]}" if missing else None
 
     def compiler_env(self) -> dict[str, str]:
         """nvcc with its host and device front ends side by side (verifier/nvcc_overlap.py), unless the user chose an

@@ -148,8 +148,9 @@ class Builder:
         if light is not None:
             try:
                 _compile(api, kind, {**light, **extra}, name, build_dir, env)
-                (build_dir / "light").touch()
-                built = True
+                built = self.backend.light_library_problem(build_dir / f"{name}.so", light) is None
+                if built:
+                    (build_dir / "light").touch()
             except Exception as e:
                 if "Error building extension" not in str(e):  # not the compiler's verdict (interrupted): as before
                     raise
