@@ -23,6 +23,7 @@ from pathlib import Path
 
 from musacoder.config import VerifyConfig
 from musacoder.tasks.model import Task
+from musacoder.verifier.pipeline import unusable
 from musacoder.verifier.verdict import Status, Verdict
 
 _pools: dict = {}
@@ -121,16 +122,6 @@ def close_pools():
         _pools.clear()
     for pool in pools:
         pool.close()
-
-
-def unusable(reason: str, config: VerifyConfig | None = None, task: str = "", status: Status = Status.FORMAT_ERROR,
-             backend: str = "") -> Verdict:
-    """The verdict of an item that never reached the verifier, with reward and feedback filled as for any other."""
-    from musacoder.verifier.pipeline import decide
-    from musacoder.verifier.static import StaticResult
-
-    return decide(config or VerifyConfig(), StaticResult(), None, None, (status, reason[:500]), task=task,
-                  backend=backend)
 
 
 def verify(task, candidate, config: VerifyConfig | None = None) -> Verdict:

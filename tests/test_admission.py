@@ -10,6 +10,7 @@ from musacoder.config import VerifyConfig
 from musacoder.tasks import builtin_task
 from musacoder.verifier.admission import TASK_CONFIG, Admission, Case, Route
 from musacoder.verifier.cache import Cache
+from musacoder.verifier.protocol import PrebuildResult
 from musacoder.verifier.verdict import Status
 from musacoder.version import __version__
 
@@ -44,14 +45,14 @@ def test_unparseable_output_is_decided_at_admission(admission):
 
 def test_code_without_a_build_goes_straight_to_a_device(admission):
     case, route = admitted(admission, PYTHON_ONLY)
-    assert route is Route.DEVICE and case.prebuild == {} and not case.pkey
+    assert route is Route.DEVICE and case.prebuild == PrebuildResult() and not case.pkey
     assert case.candidate_hash and "static" in case.stage_seconds
 
 
 def test_a_build_failure_is_cached_and_not_built_again(admission):
     case, route = admitted(admission, NATIVE)
     assert route is Route.COMPILE and case.pkey
-    assert not admission.compiled(case, {"build_error": "error: expected ';'"}, None, 12.0)
+    assert not admission.compiled(case, PrebuildResult(build_error="error: expected ';'"), None, 12.0)
     v = admission.conclude(case)
     assert v.status is Status.COMPILE_ERROR and "expected ';'" in v.compile_log and v.stage_seconds["compile"] == 12.0
     again, route = admitted(admission, NATIVE)
@@ -61,14 +62,21 @@ def test_a_build_failure_is_cached_and_not_built_again(admission):
 
 def test_a_build_goes_to_a_device_while_its_artifacts_are_loadable(admission):
     case, _ = admitted(admission, NATIVE)
-    assert admission.compiled(case, {"builds": [], "kernels": []}, None, 3.0)
-    assert admitted(admission, NATIVE)[1] is Route.DEVICE
+    assert admission.compiled(case, PrebuildResult(kernels=["relu_kernel"]), None, 3.0)
+    again, route = admitted(admission, NATIVE)
+    assert route is Route.DEVICE and again.prebuild.kernels == ["relu_kernel"]
     assert admitted(admission, NATIVE, loadable=lambda key: False)[1] is Route.COMPILE  # a lost cluster artifact
 
 
 def test_device_dependent_outcomes_are_not_cached(admission):
     case, _ = admitted(admission, NATIVE)
-    assert admission.compiled(case, {"import_error": "CUDA driver too old"}, None, 3.0)
+    assert admission.compiled(case, PrebuildResult(import_error="CUDA driver too old"), None, 3.0)
+    assert admitted(admission, NATIVE)[1] is Route.COMPILE
+
+
+def test_an_unreadable_cache_entry_is_built_again(admission):
+    case, _ = admitted(admission, NATIVE)
+    admission.cache.put("prebuild", case.pkey, {"builds": "not a list"})  # another version's, or damaged
     assert admitted(admission, NATIVE)[1] is Route.COMPILE
 
 

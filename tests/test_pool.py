@@ -118,9 +118,9 @@ def test_a_malformed_worker_answer_is_an_infra_error_not_a_crash(tmp_path):
     slot = CompileSlot("cpu", cfg, tmp_path, {})
     slot.worker.call = lambda job, timeout: {"builds": "not a list"}
     res, failure, _ = slot.run("import torch")
-    assert failure is None and res["infra_error"].startswith("malformed answer from the compile worker"), res
+    assert failure is None and res.infra_error.startswith("malformed answer from the compile worker"), res
     slot.worker.call = lambda job, timeout: {"builds": [], "kernels": ["k"], "seconds": 1.5}
-    assert slot.run("import torch")[0]["kernels"] == ["k"]
+    assert slot.run("import torch")[0].kernels == ["k"]
     dev = DeviceSlot("cpu", cfg, tmp_path, 0)
     dev.dev.start = lambda: {"type": "hello", "pid": 1}  # no role
     assert "role" in dev.start().error

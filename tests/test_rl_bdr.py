@@ -83,3 +83,25 @@ def test_settings_validated():
         BDRSettings(evict="random")
     with pytest.raises(ValueError):
         BDRSettings(prob=1.5)
+
+
+def test_one_rule_for_a_failed_group():
+    """What the TRL trainer and the verl adapter buffer (bdr.group_retry): an all-failed group's best-scoring turn,
+    over every turn of every trajectory, with that turn's feedback; nothing when one passed or for a repair."""
+    from musacoder.episode import Episode, Round
+    from musacoder.tasks import builtin_task
+    from musacoder.train.rl.bdr import group_retry, offered
+
+    task, first = builtin_task("level1/19_ReLU"), [{"role": "user", "content": "write relu"}]
+
+    def ep(*scores, passed=False, repair=False):
+        rounds = [Round(f"answer {s}", f"feedback {s}", passed and s == scores[-1], score=s) for s in scores]
+        return Episode(task, first, rounds=rounds, repair=repair)
+
+    group = [ep(-1.0, 0.2), ep(0.5, -0.5), ep(0.1)]
+    best = group_retry([(any(t.passed), offered(t)) for t in group])
+    assert (best.code, best.feedback, best.score, best.messages) == ("answer 0.5", "feedback 0.5", 0.5, first)
+    group.append(ep(0.0, 1.0, passed=True))
+    assert group_retry([(any(t.passed), offered(t)) for t in group]) is None
+    assert offered(ep(0.3, repair=True)) is None
+    assert group_retry([(False, offered(ep(0.3, repair=True))), (False, offered(ep(0.2)))]) is None

@@ -20,7 +20,7 @@ from musacoder.verifier import legality
 from musacoder.verifier.admission import Admission, Case, Route
 from musacoder.verifier.cache import Cache
 from musacoder.verifier.pipeline import decide
-from musacoder.verifier.protocol import WorkerHello
+from musacoder.verifier.protocol import PrebuildResult, WorkerHello
 from musacoder.verifier.static import StaticResult
 from musacoder.verifier.verdict import Status, Verdict
 
@@ -143,7 +143,7 @@ class PoolBase(ABC):
         """Whether the device side can load the builds of this prebuild key without compiling (shared cache: yes)."""
         return True
 
-    def _compiled(self, job: Job, res: dict | None, failure, seconds: float) -> bool:
+    def _compiled(self, job: Job, res: PrebuildResult | None, failure, seconds: float) -> bool:
         """Record a compile-tier outcome; True when the job goes on to a device, else it is finished here."""
         self._busy["compile"] += seconds
         if self.admission.compiled(job.case, res, failure, seconds):

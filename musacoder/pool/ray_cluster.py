@@ -24,7 +24,7 @@ from musacoder.config import VerifyConfig
 from musacoder.pool.base import Job, PoolBase
 from musacoder.pool.slots import CompileSlot, DeviceSlot
 from musacoder.verifier.build import export_artifacts, import_artifacts
-from musacoder.verifier.protocol import WorkerHello
+from musacoder.verifier.protocol import PrebuildResult, WorkerHello
 from musacoder.verifier.verdict import Status
 
 DEVICE_RESOURCE = "musacoder_device"
@@ -48,8 +48,9 @@ class CompileActor:
     @ray.method(num_returns=2)
     def compile(self, code: str):
         res, failure, seconds = self.slot.run(code)
-        keys = [b["key"] for b in (res or {}).get("builds", []) if b.get("key") and not b.get("error")]
-        meta = {"res": res, "failure": [failure[0].value, failure[1]] if failure else None, "seconds": seconds}
+        keys = [b.key for b in (res.builds if res else []) if b.key and not b.error]
+        meta = {"res": res and res.model_dump(), "failure": [failure[0].value, failure[1]] if failure else None,
+                "seconds": seconds}
         return meta, export_artifacts(self.cache, keys)
 
 
@@ -82,7 +83,7 @@ class RayPool(PoolBase):
             ray.init(address=None if address in (None, "local") else address, log_to_driver=False,
                      ignore_reinit_error=True)
         total = ray.cluster_resources()
-        if self.cfg.backend == "auto":
+        if self.cfg.backend == "auto":  # the cluster's GPUs, not this process's (a driver may have none)
             self.cfg.backend = "cuda" if total.get("GPU", 0) >= 1 else "cpu"
         self.backend = self.cfg.backend
         self._fixed_devices = devices
@@ -233,7 +234,8 @@ class RayPool(PoolBase):
         self._idle[kind].append(actor)
         failure = (Status(out["failure"][0]), out["failure"][1]) if out["failure"] else None
         if kind == "compile":
-            if self._compiled(job, out["res"], failure, out["seconds"]):
+            res = None if out["res"] is None else PrebuildResult.model_validate(out["res"])
+            if self._compiled(job, res, failure, out["seconds"]):
                 self._remember(job.case.pkey, job.extra["blobs"])
                 self._pending["device"].append(job)
             return

@@ -41,7 +41,7 @@ class CompileSlot:
         self.worker = WorkerProcess("compile", backend, cache_dir, worker_argv("compile", backend, cache_dir),
                                     env=compile_env(backend, cfg, arch_env), max_jobs=cfg.worker_max_jobs)
 
-    def run(self, code: str) -> tuple[dict | None, tuple[Status, str] | None, float]:
+    def run(self, code: str) -> tuple[PrebuildResult | None, tuple[Status, str] | None, float]:
         """-> (prebuild result, failure, seconds)."""
         t = time.perf_counter()
         try:
@@ -50,14 +50,14 @@ class CompileSlot:
             if res.timeout:
                 raise WorkerTimeout(res.timeout)
         except ValueError as e:  # not a PrebuildResult: a worker that answers nonsense is a broken verifier
-            return {"infra_error": f"malformed answer from the compile worker: {str(e)[:300]}"}, None, \
+            return PrebuildResult(infra_error=f"malformed answer from the compile worker: {str(e)[:300]}"), None, \
                 time.perf_counter() - t
         except WorkerTimeout:
             return None, (Status.TIMEOUT, f"compilation exceeded {self.cfg.compile_timeout_s:.0f}s"), \
                 time.perf_counter() - t
         except WorkerDied as e:
             return None, (Status.COMPILE_ERROR, f"the compiler process died: {str(e)[:300]}"), time.perf_counter() - t
-        return res.model_dump(), None, time.perf_counter() - t
+        return res, None, time.perf_counter() - t
 
     def kill(self):
         self.worker.kill()

@@ -22,6 +22,7 @@ from musacoder.candidates import ExtractionError, extract_code
 from musacoder.service.settings import ServiceSettings
 from musacoder.service.store import VerdictStore
 from musacoder.tasks.model import Task
+from musacoder.verifier.pipeline import unusable
 from musacoder.verifier.verdict import Status, Verdict
 from musacoder.version import __version__
 
@@ -149,7 +150,7 @@ class JobManager:
             return self._infra(entry, f"the verifier failed: {e!r}")
 
     def _infra(self, entry: Entry, reason: str) -> Verdict:
-        return Verdict(status=Status.INFRA_ERROR, reason=reason[:500], task=entry.task.key, backend=self.pool.backend)
+        return unusable(reason, task=entry.task.key, status=Status.INFRA_ERROR, backend=self.pool.backend)
 
     def _finished(self, entry: Entry, verdict: Verdict):
         try:  # stored before the job leaves memory, so a poll always finds it in one place or the other

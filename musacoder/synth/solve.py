@@ -33,6 +33,7 @@ from musacoder.episode import Episode, run_episodes
 from musacoder.synth.clean import with_families
 from musacoder.synth.tasks import recorded
 from musacoder.tasks.model import Task
+from musacoder.verifier.pipeline import unusable
 from musacoder.verifier.verdict import Status, Verdict
 
 SOLUTIONS, SFT = "solutions.jsonl", "sft.jsonl"
@@ -185,7 +186,7 @@ class _Chunk:
         for e, a in zip(self.live, self.answers):
             if a.error is not None:
                 e.max_turns = len(e.rounds) + 1  # this round ends the episode: the sample is redone whole
-                a.verdict = a.verdict or Verdict(Status.INFRA_ERROR, a.error, task=e.task.key)
+                a.verdict = a.verdict or unusable(a.error, task=e.task.key, status=Status.INFRA_ERROR)
         return [a.verdict for a in self.answers]
 
 

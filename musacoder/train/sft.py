@@ -21,6 +21,7 @@ from jinja2 import TemplateError
 
 from musacoder.data.records import DataError, Problem, Record, Source
 from musacoder.settings import ConfigPath, Settings, check_passthrough
+from musacoder.train import bf16_mixed
 from musacoder.train.data import Mix, draw, last_turn_mask, load_eval_sets, mix
 
 FINAL = "final"  # the output dir's subdirectory holding the trained model and tokenizer
@@ -271,7 +272,7 @@ def build_trainer(cfg: SFTConfig):
         tok = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    bf16 = cfg.bf16 if cfg.bf16 is not None else torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    bf16 = bf16_mixed(cfg.bf16)
     own = dict(
         output_dir=str(out), learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type,
         warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay, optim=cfg.optim,

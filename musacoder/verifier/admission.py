@@ -24,7 +24,7 @@ from musacoder.tasks.model import Task
 from musacoder.verifier import symbols
 from musacoder.verifier.cache import Cache
 from musacoder.verifier.pipeline import decide
-from musacoder.verifier.protocol import EvaluateJob, Facts
+from musacoder.verifier.protocol import EvaluateJob, Facts, PrebuildResult
 from musacoder.verifier.static import StaticResult, check_source, needs_build
 from musacoder.verifier.verdict import Status, Verdict
 from musacoder.version import __version__
@@ -50,7 +50,7 @@ class Case:
     portability: list[str] = field(default_factory=list)
     static: StaticResult = field(default_factory=StaticResult)
     pkey: str = ""  # the prebuild cache's key
-    prebuild: dict | None = None
+    prebuild: PrebuildResult | None = None
     failure: tuple[Status, str] | None = None  # a worker-level failure (died, timed out, never started)
     facts: dict | None = None  # the judge's answer
     stage_seconds: dict[str, float] = field(default_factory=dict)
@@ -87,10 +87,10 @@ class Admission:
         if not case.static.ok:
             return Route.DONE
         if not needs_build(case.code):  # nothing to compile (Triton, pure Python): straight to a device
-            case.prebuild = {}
+            case.prebuild = PrebuildResult()
             return Route.DEVICE
         case.pkey = self.prebuild_key(case.code)
-        case.prebuild = self.cache.get("prebuild", case.pkey)
+        case.prebuild = _cached(self.cache.get("prebuild", case.pkey))
         if case.prebuild is None or not (_refused(case.prebuild) or loadable(case.pkey)):
             return Route.COMPILE
         case.stage_seconds["compile"] = 0.0  # known: a failure is not rebuilt, a build is not built again
@@ -104,18 +104,18 @@ class Admission:
             h.update(part.encode() + b"\0")
         return h.hexdigest()[:32]
 
-    def compiled(self, case: Case, res: dict | None, failure: tuple[Status, str] | None, seconds: float) -> bool:
+    def compiled(self, case: Case, res: PrebuildResult | None, failure: tuple[Status, str] | None,
+                 seconds: float) -> bool:
         """Record a compile-tier outcome; True when the case goes on to a device, False when it is decided."""
         if failure:
             case.failure = failure
             return False
         case.stage_seconds["compile"] = round(seconds, 4)
-        if not res.get("infra_error"):
+        if not res.infra_error:
             case.prebuild = res
             # only outcomes that do not depend on the device are cached (import errors may be device-only)
-            if res.get("build_error") or not res.get("import_error"):
-                self.cache.put("prebuild", case.pkey, {k: res.get(k) for k in
-                                                       ("build_error", "builds", "symbol_problems", "kernels")})
+            if res.build_error or not res.import_error:
+                self.cache.put("prebuild", case.pkey, res.model_dump(include=_CACHED))
         return not (case.prebuild and _refused(case.prebuild))
 
     def config_for(self, task: Task) -> VerifyConfig:
@@ -141,8 +141,19 @@ class Admission:
                       stage_seconds=case.stage_seconds, details=case.details)
 
 
-def _refused(prebuild: dict) -> bool:
-    return bool(prebuild.get("build_error") or prebuild.get("symbol_problems"))
+_CACHED = {"build_error", "builds", "symbol_problems", "kernels"}  # what a prebuild cache entry keeps
+
+
+def _cached(entry: dict | None) -> PrebuildResult | None:
+    """A prebuild cache entry; None where there is none, or one this version cannot read (it is built again)."""
+    try:
+        return None if entry is None else PrebuildResult.model_validate(entry)
+    except ValueError:
+        return None
+
+
+def _refused(prebuild: PrebuildResult) -> bool:
+    return bool(prebuild.build_error or prebuild.symbol_problems)
 
 
 def _facts(d: dict | None) -> Facts | None:

@@ -48,6 +48,7 @@ from musacoder.verifier.protocol import (
     BuildReply,
     EvaluateJob,
     Facts,
+    Hello,
     OutputSpec,
     PrebuildJob,
     PrebuildResult,
@@ -132,15 +133,18 @@ class Subject:
         self.proc = (ForkedWorker(zygote, f"subject-{role}", backend.name, cache_dir, **kw) if zygote
                      else WorkerProcess(f"subject-{role}", backend.name, cache_dir, **kw))
         self.error = ""
+        self.hello: Hello | None = None
         self.proc.launch()  # from the judge's own thread: a subject dies with the thread that started it
         self._thread = threading.Thread(target=self._hello, daemon=True)
         self._thread.start()  # it warms up (imports torch, creates the device context) while the judge works
 
     def _hello(self):
         try:
-            self.proc.await_hello()
+            self.hello = Hello.model_validate(self.proc.await_hello())
         except WorkerDied as e:
             self.error = str(e)
+        except ValueError as e:  # not a subject's hello: a broken harness
+            self.error = f"the subject's first message is not a hello: {str(e)[:300]}"
 
     def ready(self) -> Subject:
         self._thread.join()
@@ -150,7 +154,7 @@ class Subject:
 
     @property
     def pid(self) -> int:
-        return self.proc.hello.get("pid", 0)
+        return self.hello.pid if self.hello else 0
 
     def call(self, cmd: SubjectCommand, timeout: float, on_build=None) -> SubjectReply:
         return SubjectReply.model_validate(self.proc.call(cmd.model_dump(), timeout, on_build))
@@ -405,8 +409,7 @@ class _Run:
         except WorkerDied as e:  # ours, not the candidate's: it has not run yet
             f.infra_error = f"no candidate process could be started: {e}"
             return False
-        f.sandbox, f.candidate_pid = self.cand.proc.hello.get("sandbox", ""), self.cand.pid
-        f.tracer = self.cand.proc.hello.get("tracer", "")
+        f.sandbox, f.candidate_pid, f.tracer = self.cand.hello.sandbox, self.cand.pid, self.cand.hello.tracer
         with stage(f, "import"):
             r = self.ccall(SubjectCommand(op="load", task_code=job.task_code, candidate_code=job.candidate_code))
         if not r.ok:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from musacoder.config import VerifyConfig
 from musacoder.verifier.feedback import feedback_text
-from musacoder.verifier.protocol import Facts
+from musacoder.verifier.protocol import Facts, PrebuildResult
 from musacoder.verifier.reward import reward
 from musacoder.verifier.static import StaticResult
 from musacoder.verifier.timing import reward_speedup, speed_of_light_ms
@@ -16,7 +16,7 @@ def _first_line(text: str, n: int = 400) -> str:
     return (lines[-1] if lines else text)[:n]
 
 
-def decide(cfg: VerifyConfig, static: StaticResult, prebuild: dict | None, facts: Facts | None,
+def decide(cfg: VerifyConfig, static: StaticResult, prebuild: PrebuildResult | None, facts: Facts | None,
            failure: tuple[Status, str] | None = None, **known) -> Verdict:
     """The verdict from the stages' findings: a worker-level `failure` (a dead or timed-out worker) when there is
     one, else the static check's, the build's and the judge's `facts`, in that order. `known`: the Verdict's fields
@@ -26,12 +26,20 @@ def decide(cfg: VerifyConfig, static: StaticResult, prebuild: dict | None, facts
         v.status, v.reason = failure
     else:
         _decide_status(v, cfg, static, prebuild, facts or Facts())
-    if prebuild and prebuild.get("build_error") and not v.compile_log:
-        v.compile_log = prebuild["build_error"][-20000:]
+    if prebuild and prebuild.build_error and not v.compile_log:
+        v.compile_log = prebuild.build_error[-20000:]
     speed = reward_speedup(v.speedup_eager, *v.details.get("speedup_interval", (None, None)))
     v.reward = reward(v.status, v.correctness, speed, cfg.reward.lam, cfg.reward.nu_max)
     v.feedback = feedback_text(v)
     return v
+
+
+def unusable(reason: str, config: VerifyConfig | None = None, task: str = "", status: Status = Status.FORMAT_ERROR,
+             backend: str = "") -> Verdict:
+    """The verdict of an item that never reached the verifier (or whose verification failed outside it), with
+    reward and feedback filled as for any other."""
+    return decide(config or VerifyConfig(), StaticResult(), None, None, (status, reason[:500]), task=task,
+                  backend=backend)
 
 
 def _decide_status(v: Verdict, cfg, static, prebuild, f: Facts) -> None:
@@ -51,15 +59,15 @@ def _static_refused(v, static, prebuild, f):
 
 
 def _prebuild_failed(v, static, prebuild, f):
-    if prebuild and prebuild.get("build_error"):
-        v.compile_log = prebuild["build_error"][-20000:]
+    if prebuild and prebuild.build_error:
+        v.compile_log = prebuild.build_error[-20000:]
         return Status.COMPILE_ERROR, "the native code failed to build"
     return None
 
 
 def _prebuild_symbols(v, static, prebuild, f):
-    if prebuild and prebuild.get("symbol_problems"):
-        return Status.ILLEGAL, "native code " + "; ".join(prebuild["symbol_problems"][:5])
+    if prebuild and prebuild.symbol_problems:
+        return Status.ILLEGAL, "native code " + "; ".join(prebuild.symbol_problems[:5])
     return None
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from musacoder.conversation import conversation
-from musacoder.episode import Round
+from musacoder.episode import Episode, Round
 from musacoder.settings import Settings
 
 
@@ -50,6 +50,24 @@ class RetryItem:
 
     def repair_messages(self) -> list[dict]:
         return conversation(self.messages, [r.as_tuple() for r in self.repair_history()])
+
+
+def offered(episode: Episode) -> RetryItem | None:
+    """What one trajectory offers the buffer if its group fails: its best-scoring turn with that turn's feedback;
+    None for a repair task, which is never buffered again."""
+    if episode.repair:
+        return None
+    best = episode.best()
+    return RetryItem(episode.task.key, episode.first, best.text, best.feedback, best.score)
+
+
+def group_retry(group: list[tuple[bool, RetryItem | None]]) -> RetryItem | None:
+    """BDR's rule for one finished group, each trajectory as (passed, what it offered): the group's most nearly right
+    answer when every trajectory failed and none is a repair, else None. The TRL trainer and the verl adapter both
+    apply it."""
+    if any(passed for passed, _ in group) or not all(item for _, item in group):
+        return None
+    return max((item for _, item in group), key=lambda item: item.score)
 
 
 @dataclass

@@ -31,8 +31,9 @@ from musacoder.episode import Episode, run_episodes
 from musacoder.settings import check_passthrough
 from musacoder.tasks import Task
 from musacoder.tasks.select import select_tasks
+from musacoder.train import bf16_mixed
 from musacoder.train.rl.algos import episode_reward, mirrorpop_filter
-from musacoder.train.rl.bdr import RetryBuffer, RetryItem
+from musacoder.train.rl.bdr import RetryBuffer, group_retry, offered
 from musacoder.train.rl.config import MirrorPopSettings, PrimeEchoSettings, RLConfig
 from musacoder.train.rl.engines import HFEngine, Sampling, VLLMEngine
 from musacoder.train.sft import one_gpu
@@ -99,9 +100,10 @@ class Rollouts:
         g = self.cfg.group_size
         groups = [trajs[i:i + g] for i in range(0, len(trajs), g)]
         dead = [grp for grp in groups if not any(any(t.passed) for t in grp)]
-        for grp in dead:
-            if self.cfg.bdr.enabled and not grp[0].repair:  # a failed repair is not buffered again
-                self.buffer.add(_retry_item(grp))
+        for grp in dead if self.cfg.bdr.enabled else []:
+            item = group_retry([(any(t.passed), offered(t)) for t in grp])
+            if item is not None:
+                self.buffer.add(item)
         if self.cfg.log_rollouts:
             self._write(trajs, trainer.state.global_step + 1, Path(trainer.args.output_dir) / ROLLOUTS)
         repair = [t for t in trajs if t.repair]
@@ -141,12 +143,6 @@ class Rollouts:
                 if self.cfg.log_texts:
                     rec["texts"] = [u.text for u in t.rounds]
                 f.write(json.dumps(rec) + "\n")
-
-
-def _retry_item(group: list[Episode]) -> RetryItem:
-    """The group's most nearly right answer (best score over all turns) and the feedback it got."""
-    t, turn = max(((t, turn) for t in group for turn in t.rounds), key=lambda x: x[1].score)
-    return RetryItem(t.task.key, t.first, turn.text, turn.feedback, turn.score)
 
 
 def make_reward(primeecho: PrimeEchoSettings):
@@ -286,7 +282,7 @@ def build_trainer(cfg: RLConfig):
     rows = [{"prompt": task_messages(t, backend, cfg.one_shot), "task": t.key} for t in tasks]
     rows = rows * math.ceil(cfg.prompts_per_step / len(rows))
     completions = cfg.prompts_per_step * cfg.group_size
-    bf16 = cfg.bf16 if cfg.bf16 is not None else torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    bf16 = bf16_mixed(cfg.bf16)
     own = dict(
         output_dir=str(out), max_steps=cfg.max_steps, learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,

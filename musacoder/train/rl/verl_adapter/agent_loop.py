@@ -10,7 +10,7 @@ from verl.experimental.agent_loop.agent_loop import register as register_agent_l
 
 from musacoder.episode import Episode, Round
 from musacoder.train.rl.algos import episode_reward
-from musacoder.train.rl.bdr import RetryItem
+from musacoder.train.rl.bdr import offered
 from musacoder.train.rl.verl_adapter.buffer import buffer_actor
 from musacoder.train.rl.verl_adapter.common import SharedVerifier, VerlSettings, task_of
 
@@ -51,8 +51,8 @@ class KernelAgentLoop(SharedVerifier, AgentLoopBase):
         scores, passed = ep.scores, ep.passed
         reward = episode_reward(scores, passed, self.s.primeecho)
         if self.s.bdr.enabled and "uid" in kwargs:
-            best = ep.best()
-            item = None if ep.repair else asdict(RetryItem(ep.task.key, ep.first, best.text, best.feedback, best.score))
+            item = offered(ep)
+            item = item and asdict(item)
             await buffer_actor(self.s).report.remote(str(kwargs["uid"]), self.rollout_config.n, any(passed), item)
         ids, out = out0
         merged, mask, logprobs = await self.ct_merge_assistant_token(

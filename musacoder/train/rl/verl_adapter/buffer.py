@@ -7,7 +7,7 @@ from pathlib import Path
 
 import ray
 
-from musacoder.train.rl.bdr import BDRSettings, RetryBuffer, RetryItem
+from musacoder.train.rl.bdr import BDRSettings, RetryBuffer, RetryItem, group_retry
 from musacoder.train.rl.verl_adapter.common import VerlSettings
 
 BUFFER_ACTOR = "musacoder-bdr"
@@ -32,10 +32,10 @@ class RetryBufferActor:
         if len(got) < n:
             return False
         del self.pending[uid]
-        failed = [it for p, it in got if not p and it]
-        if any(p for p, _ in got) or len(failed) < n:
+        item = group_retry([(p, it and RetryItem(**it)) for p, it in got])
+        if item is None:
             return False
-        added = self.buffer.add(RetryItem(**max(failed, key=lambda it: it["score"])))
+        added = self.buffer.add(item)
         self._save()
         return added
 
