@@ -1,28 +1,12 @@
-"""verifier/pipeline.py and reward.py: the pure decision, the reward (eq. 2) and the verdict's JSON."""
-
-import json
+"""verifier/pipeline.py: the pure decision, the verdict made once from the stages' findings."""
 
 import pytest
 
 from musacoder.config import VerifyConfig
 from musacoder.verifier.pipeline import decide
 from musacoder.verifier.protocol import Facts
-from musacoder.verifier.reward import reward
 from musacoder.verifier.static import StaticResult
-from musacoder.verifier.verdict import Status, Verdict
-
-
-@pytest.mark.parametrize("status, q, nu, expected", [
-    (Status.OK, 1.0, 3.0, 2.0),  # 1 + 0.5 * min(2, 4)
-    (Status.OK, 1.0, 20.0, 3.0),  # capped at nu_max = 4
-    (Status.OK, 1.0, 0.5, 1.0),  # slower than the baseline: no bonus, no penalty
-    (Status.INCORRECT, 0.6, None, -0.2),
-    (Status.INCORRECT, 0.0, None, -1.0),
-    (Status.ILLEGAL, 1.0, 5.0, -1.0),
-    (Status.COMPILE_ERROR, 0.0, None, -1.0),
-])
-def test_reward_eq2(status, q, nu, expected):
-    assert reward(status, q, nu) == pytest.approx(expected)
+from musacoder.verifier.verdict import Status
 
 
 def _decide(facts):
@@ -58,9 +42,3 @@ def test_decide_orders_legality_before_correctness():
     v = _decide({"busy_after_return": "the candidate process used 0.5s of CPU after forward returned",
                  "trials": [trial_ok], "launches": 1})
     assert v.status is Status.ILLEGAL and "after forward returned" in v.reason
-
-
-def test_verdict_json_roundtrip():
-    v = _decide({"trials": [{"kind": "seed", "passed": True, "max_abs": 0.0, "mean_abs": 0.0}], "launches": 1})
-    d = json.loads(v.to_json())
-    assert d["status"] == "ok" and Verdict.from_dict(d).status is Status.OK
