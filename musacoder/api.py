@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import copy
-import queue
 import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,7 +23,7 @@ from pathlib import Path
 from musacoder.config import VerifyConfig
 from musacoder.tasks.model import Task
 from musacoder.verifier.pipeline import unusable
-from musacoder.verifier.verdict import Status, Verdict
+from musacoder.verifier.verdict import Verdict
 
 _pools: dict = {}
 _pools_lock = threading.Lock()  # two threads asking at once must not start two pools
@@ -145,31 +144,8 @@ def verify_many(pairs: Iterable[tuple], config: VerifyConfig | None = None) -> I
             bad.append((i, unusable(f"unusable input: {e}", config, key, backend=config.backend)))
     yield from bad
     if items:
-        yield from _stream(get_pool(config), items, config)
-
-
-def _stream(pool, items: list, config: VerifyConfig) -> Iterator[tuple[int, Verdict]]:
-    """Submit from a feeder thread (submit blocks under backpressure) and yield verdicts as they land. Any error in
-    submitting or in a future becomes that item's infra_error verdict, so every index is answered."""
-    done: queue.Queue = queue.Queue()
-
-    def answer(i, task, f):
-        try:
-            done.put((i, f.result()))
-        except Exception as e:  # noqa: BLE001 - any failure is this item's verdict, never a hang
-            done.put((i, unusable(f"the verifier failed: {e!r}", config, task.key, Status.INFRA_ERROR, pool.backend)))
-
-    def feed():
-        for i, task, text in items:
-            try:
-                pool.submit(task, text, i).add_done_callback(lambda f, i=i, task=task: answer(i, task, f))
-            except Exception as e:  # noqa: BLE001 - as above
-                done.put((i, unusable(f"the pool refused the job: {e!r}", config, task.key, Status.INFRA_ERROR,
-                                      pool.backend)))
-
-    threading.Thread(target=feed, daemon=True, name="musacoder-feeder").start()
-    for _ in items:
-        yield done.get()
+        for j, v in get_pool(config).verify_many([(task, text) for _, task, text in items]):
+            yield items[j][0], v
 
 
 @dataclass(frozen=True)

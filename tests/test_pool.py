@@ -124,3 +124,28 @@ def test_a_malformed_worker_answer_is_an_infra_error_not_a_crash(tmp_path):
     dev = DeviceSlot("cpu", cfg, tmp_path, 0)
     dev.dev.start = lambda: {"type": "hello", "pid": 1}  # no role
     assert "role" in dev.start().error
+
+
+def test_every_index_is_answered_when_submitting_or_verifying_fails(tmp_path):
+    """pool.verify_many (the stream the api's verify_many uses too): a job the pool refuses and a job whose verification
+    raised are those indices' infra_error verdicts, complete (reward, feedback), never a hang or a lost index."""
+    from concurrent.futures import Future
+
+    from musacoder.pool.local import LocalPool
+    from musacoder.tasks import builtin_task
+
+    relu = builtin_task("level1/19_ReLU")
+
+    def submit(task, candidate, index=0):
+        if index == 0:
+            raise RuntimeError("queue closed")
+        f = Future()
+        f.set_exception(OSError("judge lost"))
+        return f
+
+    with LocalPool(VerifyConfig(backend="cpu", cache_dir=tmp_path)) as pool:
+        pool.submit = submit  # no worker starts: nothing reaches a tier
+        got = dict(pool.verify_many([(relu, "a"), (relu, "b")]))
+    assert sorted(got) == [0, 1] and all(v.status.value == "infra_error" and v.reward == -1.0 for v in got.values())
+    assert got[0].reason.startswith("the pool refused the job: RuntimeError: queue closed")
+    assert got[1].reason.startswith("the verifier failed: OSError: judge lost") and got[1].feedback

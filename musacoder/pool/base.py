@@ -19,9 +19,8 @@ from musacoder.tasks.model import Task
 from musacoder.verifier import legality
 from musacoder.verifier.admission import Admission, Case, Route
 from musacoder.verifier.cache import Cache
-from musacoder.verifier.pipeline import decide
+from musacoder.verifier.pipeline import unusable
 from musacoder.verifier.protocol import PrebuildResult, WorkerHello
-from musacoder.verifier.static import StaticResult
 from musacoder.verifier.verdict import Status, Verdict
 
 
@@ -64,10 +63,9 @@ class PoolBase(ABC):
             (self._to_compile if route is Route.COMPILE else self._to_device)(job)
         return fut
 
-    def _failed(self, task, e: Exception) -> Verdict:
-        return decide(self.cfg, StaticResult(), None, None,
-                      (Status.INFRA_ERROR, f"verifier error while admitting: {type(e).__name__}: {e}"[:500]),
-                      task=getattr(task, "key", str(task)[:80]), backend=self.backend)
+    def _failed(self, task, why: str, e: Exception) -> Verdict:
+        return unusable(f"{why}: {type(e).__name__}: {e}", self.cfg, getattr(task, "key", str(task)[:80]),
+                        Status.INFRA_ERROR, self.backend)
 
     @property
     def admission(self) -> Admission:
@@ -92,18 +90,26 @@ class PoolBase(ABC):
         return self._device_info
 
     def verify_many(self, pairs: Iterable[tuple[Task, str]]) -> Iterator[tuple[int, Verdict]]:
-        """Yield (index, verdict) as verdicts complete, keeping compile and device tiers busy."""
+        """Yield (index, verdict) as verdicts complete, keeping compile and device tiers busy: submitted from a feeder
+        thread (submit blocks while the pool is full) while verdicts stream. A failure to submit or in a future is
+        that index's infra_error verdict, so every index is answered, never left waiting."""
         pairs = list(pairs)
         done_q: queue.Queue = queue.Queue()
 
-        def feed():  # submission blocks when the pool is full (backpressure); verdicts stream meanwhile
+        def answer(i, task, f):
+            try:
+                done_q.put((i, f.result()))
+            except Exception as e:  # noqa: BLE001 - any failure is this item's verdict
+                done_q.put((i, self._failed(task, "the verifier failed", e)))
+
+        def feed():
             for i, (task, cand) in enumerate(pairs):
                 try:
-                    self.submit(task, cand, i).add_done_callback(lambda f, i=i: done_q.put((i, f.result())))
-                except Exception as e:  # never leave the caller waiting on a verdict nobody will produce
-                    done_q.put((i, self._failed(task, e)))
+                    self.submit(task, cand, i).add_done_callback(lambda f, i=i, task=task: answer(i, task, f))
+                except Exception as e:  # noqa: BLE001 - as above
+                    done_q.put((i, self._failed(task, "the pool refused the job", e)))
 
-        threading.Thread(target=feed, daemon=True, name="feeder").start()
+        threading.Thread(target=feed, daemon=True, name="musacoder-feeder").start()
         for _ in range(len(pairs)):
             yield done_q.get()
 
