@@ -126,7 +126,7 @@ def test_a_malformed_worker_answer_is_an_infra_error_not_a_crash(tmp_path):
     assert "role" in dev.start().error
 
 
-def test_every_index_is_answered_when_submitting_or_verifying_fails(tmp_path):
+def test_every_index_is_answered_when_submitting_or_verifying_fails(cpu_config):
     """pool.verify_many (the stream the api's verify_many uses too): a job the pool refuses and a job whose verification
     raised are those indices' infra_error verdicts, complete (reward, feedback), never a hang or a lost index."""
     from concurrent.futures import Future
@@ -143,7 +143,7 @@ def test_every_index_is_answered_when_submitting_or_verifying_fails(tmp_path):
         f.set_exception(OSError("judge lost"))
         return f
 
-    with LocalPool(VerifyConfig(backend="cpu", cache_dir=tmp_path)) as pool:
+    with LocalPool(cpu_config) as pool:  # the session's cache: its op tracer is built once
         pool.submit = submit  # no worker starts: nothing reaches a tier
         got = dict(pool.verify_many([(relu, "a"), (relu, "b")]))
     assert sorted(got) == [0, 1] and all(v.status.value == "infra_error" and v.reward == -1.0 for v in got.values())

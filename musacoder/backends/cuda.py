@@ -61,6 +61,8 @@ def _torch_hash_tables() -> tuple:
 def _torch_defines(name: str) -> bool:
     return any((sym := t.get_symbol(name)) is not None and sym["st_shndx"] != "SHN_UNDEF"
                for t in _torch_hash_tables())
+
+
 _LIGHTEST_NAMES = {"Tensor", "TensorOptions", "ScalarType", "Dtype", "Scalar", "Device", "DeviceType", "IntArrayRef",
                    "MemoryFormat", "Layout", "Half", "BFloat16", "empty", "empty_like", "empty_strided", "zeros",
                    "zeros_like", "ones", "ones_like", "full", "full_like", "dtype", "device", "nullopt", "optional",
