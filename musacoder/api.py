@@ -1,6 +1,6 @@
 """The Python API, the one door to verification: `verify(task, candidate, config)`, `verify_many(pairs, config)`, and
-`Verifier`, the verdicts of a batch in order from a pool in this process or from the reward service (`musacoder
-serve`), which the rewards, RL and the KernelBench shim use.
+`get_verifier(config, url, token)`, the verdicts of a batch in order from a pool in this process (`LocalVerifier`) or
+from the reward service (`RemoteVerifier`, `musacoder serve`), which the rewards, RL and verl use.
 
 Inputs are normalised here, before anything reaches a pool: a task may be a `Task`, a dict (`{"code", "key"}`, a
 KernelBench dataset row with `code`/`name`/`level`/`problem_id`, or `reference_code`), a `.py` path or reference
@@ -16,8 +16,8 @@ import atexit
 import copy
 import re
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from musacoder.config import VerifyConfig
@@ -26,6 +26,7 @@ from musacoder.verifier.pipeline import unusable
 from musacoder.verifier.verdict import Verdict
 
 _pools: dict = {}
+_remotes: dict = {}
 _pools_lock = threading.Lock()  # two threads asking at once must not start two pools
 _KEY_RE = re.compile(r"^level(\d+)/(.+)$")
 
@@ -116,11 +117,13 @@ def get_pool(config: VerifyConfig | None = None):
 
 @atexit.register
 def close_pools():
+    """Close the process's pools and remote verifiers' clients (at exit)."""
     with _pools_lock:
-        pools = list(_pools.values())
+        held = list(_pools.values()) + list(_remotes.values())
         _pools.clear()
-    for pool in pools:
-        pool.close()
+        _remotes.clear()
+    for x in held:
+        x.close()
 
 
 def verify(task, candidate, config: VerifyConfig | None = None) -> Verdict:
@@ -148,40 +151,23 @@ def verify_many(pairs: Iterable[tuple], config: VerifyConfig | None = None) -> I
             yield items[j][0], v
 
 
-@dataclass(frozen=True)
-class Verifier:
-    """One verdict per (task, candidate) pair, in the order of the pairs: from a pool in this process with `config`,
-    or from the reward service at `url` (its own settings apply there; `token`: its bearer token). An unusable pair
-    gets its format_error verdict here and is never sent."""
+class Verifier(ABC):
+    """The one door for a batch: one verdict per (task, candidate) pair, in the order of the pairs. `get_verifier`
+    gives the implementation: `LocalVerifier` (a pool in this process) or `RemoteVerifier` (the reward service). An
+    unusable pair gets its format_error verdict here and is never verified."""
 
-    config: VerifyConfig = field(default_factory=VerifyConfig)
-    url: str | None = None
-    token: str | None = None
-    concurrency: int = 64  # requests in flight to the service
+    config: VerifyConfig
 
+    @abstractmethod
     def verdicts(self, pairs: Sequence[tuple]) -> list[Verdict]:
-        if not self.url:
-            out: list[Verdict | None] = [None] * len(pairs)
-            for i, v in verify_many(pairs, self.config):
-                out[i] = v
-            return out
-        from musacoder.service.client import verify_batch
+        """The verdicts, from sync code."""
 
-        good, bad = self._usable(pairs)
-        got = verify_batch([(t, c) for _, t, c in good], self.url, self.token, concurrency=self.concurrency) \
-            if good else []
-        return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
-
+    @abstractmethod
     async def verdicts_async(self, pairs: Sequence[tuple]) -> list[Verdict]:
-        """`verdicts` from async code: the service's async client, or the local pool in a thread."""
-        if not self.url:
-            return await asyncio.to_thread(self.verdicts, pairs)
-        from musacoder.service.client import AsyncVerifierClient
+        """The verdicts, from async code (an event loop is never blocked by a verification)."""
 
-        good, bad = self._usable(pairs)
-        async with AsyncVerifierClient(self.url, self.token, concurrency=self.concurrency) as client:
-            got = await client.verify_many([(t, c) for _, t, c in good]) if good else []
-        return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
+    def close(self) -> None:
+        """Release what it holds (nothing, unless it says otherwise)."""
 
     def _usable(self, pairs) -> tuple[list, dict[int, Verdict]]:
         """(index, Task, text) of the usable pairs; the format_error verdicts of the rest."""
@@ -192,3 +178,83 @@ class Verifier:
             except (TypeError, ValueError, OSError) as e:
                 bad[i] = unusable(f"unusable input: {e}", self.config)
         return good, bad
+
+
+class LocalVerifier(Verifier):
+    """Verdicts from this process's pool for `config` (api.get_pool: one per settings, kept for the process)."""
+
+    def __init__(self, config: VerifyConfig | None = None):
+        self.config = config if config is not None else VerifyConfig()
+
+    def verdicts(self, pairs: Sequence[tuple]) -> list[Verdict]:
+        out: list[Verdict | None] = [None] * len(pairs)
+        for i, v in verify_many(pairs, self.config):
+            out[i] = v
+        return out
+
+    async def verdicts_async(self, pairs: Sequence[tuple]) -> list[Verdict]:
+        return await asyncio.to_thread(self.verdicts, pairs)
+
+
+class RemoteVerifier(Verifier):
+    """Verdicts from the reward service at `url` (its own settings apply; `config` only shapes the format_error
+    verdicts of unusable pairs; `token`: its bearer token; `concurrency`: requests in flight). From async code it keeps
+    one client, and its connections, for as long as it lives, opened on the caller's event loop: a reward called
+    thousands of times an RL run does not open a connection pool each time."""
+
+    def __init__(self, url: str, token: str | None = None, config: VerifyConfig | None = None, concurrency: int = 64):
+        self.url, self.token, self.concurrency = url, token, concurrency
+        self.config = config if config is not None else VerifyConfig()
+        self._client, self._loop = None, None
+
+    def verdicts(self, pairs: Sequence[tuple]) -> list[Verdict]:
+        from musacoder.service.client import verify_batch
+
+        good, bad = self._usable(pairs)
+        got = verify_batch([(t, c) for _, t, c in good], self.url, self.token, concurrency=self.concurrency) \
+            if good else []
+        return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
+
+    async def verdicts_async(self, pairs: Sequence[tuple]) -> list[Verdict]:
+        good, bad = self._usable(pairs)
+        got = await self._open().verify_many([(t, c) for _, t, c in good]) if good else []
+        return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
+
+    def _open(self):
+        """The client of the running loop: a caller on another loop gets a new one (connections belong to a loop)."""
+        from musacoder.service.client import AsyncVerifierClient
+
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self.close()
+            self._client, self._loop = AsyncVerifierClient(self.url, self.token, concurrency=self.concurrency), loop
+        return self._client
+
+    def close(self) -> None:
+        """Close the client on the loop it was opened on."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            if self._loop.is_running():
+                asyncio.run_coroutine_threadsafe(client.aclose(), self._loop)
+            elif not self._loop.is_closed():
+                self._loop.run_until_complete(client.aclose())
+        except RuntimeError:  # a loop closing under us: its connections go with it
+            pass
+
+
+def get_verifier(config: VerifyConfig | None = None, url: str | None = None, token: str | None = None,
+                 concurrency: int = 64) -> Verifier:
+    """The verifier for these settings: the service at `url` when given, else a pool in this process with `config`.
+    One `RemoteVerifier` per service, token, concurrency and config in a process (like the pools), closed at exit
+    (close_pools)."""
+    if not url:
+        return LocalVerifier(config)
+    config = config if config is not None else VerifyConfig()
+    key = (url, token, concurrency, repr(sorted(config.to_dict().items())))
+    with _pools_lock:
+        if key not in _remotes:
+            _remotes[key] = RemoteVerifier(url, token, config, concurrency)
+        return _remotes[key]
+

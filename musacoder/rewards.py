@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from musacoder.api import Verifier, unusable
+from musacoder.api import Verifier, get_verifier, unusable
 from musacoder.config import VerifyConfig
 from musacoder.verifier.verdict import Verdict
 
@@ -66,7 +66,7 @@ def env_config() -> VerifyConfig:
 def env_verifier(config: VerifyConfig | None = None) -> Verifier:
     """The service at MUSACODER_VERIFIER_URL when set (its settings apply), else a pool in this process with `config`
     (default: `env_config()`)."""
-    return Verifier(config or env_config(), os.environ.get("MUSACODER_VERIFIER_URL") or None,
+    return get_verifier(config or env_config(), os.environ.get("MUSACODER_VERIFIER_URL") or None,
                     os.environ.get("MUSACODER_TOKEN"))
 
 
@@ -115,7 +115,7 @@ def make_reward(config: VerifyConfig | dict | None = None, *, url: str | None = 
     VerifyConfig, or its fields as a mapping, validated as a config file's are), or by the service at `url`
     (`token`: its bearer token). `is_async`: the coroutine form. TRL logs it under the name `musacoder_reward`."""
     cfg = VerifyConfig.from_dict(config) if isinstance(config, dict) else config or VerifyConfig()
-    verifier = Verifier(cfg, url, token)
+    verifier = get_verifier(cfg, url, token)
 
     if is_async:
         async def musacoder_reward(prompts=None, completions=None, task=None, **kwargs) -> list[float]:
@@ -152,13 +152,13 @@ def score_dict(v: Verdict) -> dict:
 
 def _verl_verifier(verify: dict | None, verifier_url: str | None, token: str | None) -> Verifier:
     """verl's `reward_kwargs` (`verify`: VerifyConfig fields, `verifier_url`, `token`) over the environment's."""
-    env = env_verifier()
     if type(verify).__module__.startswith("omegaconf"):  # verl hands reward_kwargs over as OmegaConf nodes
         from omegaconf import OmegaConf
 
         verify = OmegaConf.to_container(verify, resolve=True)
-    cfg = VerifyConfig.from_dict(verify) if verify is not None else env.config
-    return Verifier(cfg, verifier_url or env.url, token or env.token)
+    cfg = VerifyConfig.from_dict(verify) if verify is not None else env_config()
+    return get_verifier(cfg, verifier_url or os.environ.get("MUSACODER_VERIFIER_URL") or None,
+                        token or os.environ.get("MUSACODER_TOKEN"))
 
 
 def compute_score(data_source=None, solution_str: str = "", ground_truth=None, extra_info=None, verify=None,

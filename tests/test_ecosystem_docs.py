@@ -115,7 +115,7 @@ def test_trl_snippet_runs_as_written_on_a_cpu(tmp_path, monkeypatch, cache_dir):
     and completions, the `task` column, finite rewards of the right length, TRL's logs. The environment says
     nothing: the reward is configured in the snippet's code."""
     pytest.importorskip("trl")
-    from musacoder.api import Verifier
+    from musacoder.api import LocalVerifier
 
     for k in ("MUSACODER_VERIFIER_URL", "MUSACODER_BACKEND", "MUSACODER_TIMING"):
         monkeypatch.delenv(k, raising=False)
@@ -123,14 +123,14 @@ def test_trl_snippet_runs_as_written_on_a_cpu(tmp_path, monkeypatch, cache_dir):
     monkeypatch.chdir(tmp_path)
     tiny_llama(tmp_path / "runs" / "sft-tiny" / "final")
     seen = []
-    real = Verifier.verdicts
+    real = LocalVerifier.verdicts
 
     def spy(self, pairs):  # the real verification, recording what TRL handed the reward
         vs = real(self, pairs)
         seen.append((self.config.backend, self.config.timing_enabled, pairs, vs))
         return vs
 
-    monkeypatch.setattr(Verifier, "verdicts", spy)
+    monkeypatch.setattr(LocalVerifier, "verdicts", spy)
     (src,) = blocks(ROOT / "docs" / "ecosystem-trl.md", "python")
     ns: dict = {}
     exec(src, ns)  # noqa: S102 - our own doc snippet, unchanged

@@ -17,7 +17,6 @@ from verl.workers.rollout.replica import TokenOutput
 from musacoder.tasks import builtin_task
 from musacoder.train.rl import verl_adapter
 from musacoder.train.rl.verl_adapter import KernelAgentLoop, VerlSettings, task_rows
-from musacoder.train.rl.verl_adapter.common import AsyncVerifier
 
 CONFIGS = Path(__file__).parents[1] / "configs" / "verl"
 RELU = builtin_task("level1/19_ReLU")
@@ -126,12 +125,15 @@ def test_one_verifier_per_class_closed_properly(tok, cache_dir):
     KernelAgentLoop.close_class()
     assert KernelAgentLoop._verifier is None
 
-    from musacoder.service.client import AsyncVerifierClient
-
-    v = AsyncVerifier(VerlSettings(verifier_url="http://127.0.0.1:9"))
+    # with a service, the class's verifier is the process's RemoteVerifier for it: its client is closed with the class
+    # on the loop it was opened on (this test's loop is not running any more)
+    v = KernelAgentLoop.init_verifier(VerlSettings(verifier_url="http://127.0.0.1:9"))
     loop = asyncio.new_event_loop()
-    v._client, v._loop = AsyncVerifierClient(v.s.verifier_url), loop
-    http = v._client._http
-    v.close()
+
+    async def opened():
+        return v._open()
+
+    http = loop.run_until_complete(opened())._http
+    KernelAgentLoop.close_class()
     assert http.is_closed and v._client is None
     loop.close()

@@ -4,7 +4,7 @@ scripted: a tiny model cannot be made to write a given kernel on a given turn, s
 
 import pytest
 
-from musacoder.api import Verifier
+from musacoder.api import get_verifier
 from musacoder.conversation import task_messages
 from musacoder.episode import ELIDED, Episode, Round, run_episodes
 from musacoder.examples_catalog import EXAMPLES_DIR
@@ -43,7 +43,7 @@ def play(episodes, eng, verifier, max_prompt_tokens=None):
 def test_failing_turns_feed_back_and_stop_at_max_turns(cpu_config):
     eng = Scripted({0: NO_CODE, 1: NO_CODE, 2: NO_CODE})
     first = task_messages(RELU, "cpu", one_shot=False)
-    trajs, st = play([Episode(RELU, first), Episode(RELU, first)], eng, Verifier(cpu_config))
+    trajs, st = play([Episode(RELU, first), Episode(RELU, first)], eng, get_verifier(cpu_config))
     assert [len(t.rounds) for t in trajs] == [3, 3] and st.responses == 6 and st.tokens == 6 * 5
     assert all(t.status == "format_error" and t.score == -1.0 and not t.passed for t in trajs[0].rounds)
     assert trajs[0].first_success is None
@@ -58,11 +58,11 @@ def test_failing_turns_feed_back_and_stop_at_max_turns(cpu_config):
 def test_single_turn_mode_and_repair_numbering(cpu_config):
     eng = Scripted({0: NO_CODE, 1: NO_CODE, 2: NO_CODE})
     first = task_messages(RELU, "cpu", one_shot=False)
-    trajs, _ = play([Episode(RELU, first, max_turns=1)], eng, Verifier(cpu_config))
+    trajs, _ = play([Episode(RELU, first, max_turns=1)], eng, get_verifier(cpu_config))
     assert len(trajs[0].rounds) == 1 and len(eng.seen) == 1
     eng = Scripted({1: NO_CODE, 2: NO_CODE})
     repair = Episode(RELU, first, [Round("old answer", "Status: incorrect", False)], repair=True, max_turns=2)
-    trajs, _ = play([repair], eng, Verifier(cpu_config))
+    trajs, _ = play([repair], eng, get_verifier(cpu_config))
     assert eng.seen[0][0][3]["content"].startswith("=== System Feedback for Round 1 ===\nStatus: incorrect")
     assert eng.seen[1][0][5]["content"].startswith("=== System Feedback for Round 2 ===")
     assert len(trajs[0].rounds) == 2  # the repair response is the trajectory's first turn
@@ -72,7 +72,7 @@ def test_long_conversations_stop(cpu_config):
     eng = Scripted({0: NO_CODE, 1: NO_CODE})
     first = task_messages(RELU, "cpu", one_shot=False)
     limit = len(eng.encode(first)) + 5  # the first prompt fits, the one carrying feedback does not
-    trajs, st = play([Episode(RELU, first)], eng, Verifier(cpu_config), max_prompt_tokens=limit)
+    trajs, st = play([Episode(RELU, first)], eng, get_verifier(cpu_config), max_prompt_tokens=limit)
     assert len(trajs[0].rounds) == 1 and st.stopped_long == 1
 
 
@@ -82,7 +82,7 @@ def test_repaired_on_turn_two_by_the_real_verifier(cpu_config, tmp_path):
 
     eng = Scripted({0: NO_CODE, 1: HONEST, 2: NO_CODE})
     fresh = replace(cpu_config, cache_dir=str(tmp_path))  # the answer is built here, not found built
-    trajs, st = play([Episode(RELU, task_messages(RELU, "cpu", one_shot=False))], eng, Verifier(fresh))
+    trajs, st = play([Episode(RELU, task_messages(RELU, "cpu", one_shot=False))], eng, get_verifier(fresh))
     t = trajs[0]
     assert [x.status for x in t.rounds] == ["format_error", "ok"] and t.first_success == 2
     assert t.scores == [-1.0, 1.0]  # timing off: a correct kernel scores exactly 1

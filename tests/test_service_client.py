@@ -72,6 +72,32 @@ async def test_verify_many_keeps_order_under_a_concurrency_limit(service):
 
 
 @pytest.mark.asyncio
+async def test_a_remote_verifier_keeps_one_client_for_its_loop_and_closes_it(service):
+    """api.get_verifier's service side: the verdicts in order, an unusable pair answered here (never sent), and one
+    client with its connections across calls on a loop, not one a call; a caller on another loop gets its own."""
+    from musacoder.api import RemoteVerifier, get_verifier
+
+    flaky = service()
+    with serving(flaky) as url:
+        v = get_verifier(url=url, token=TOKEN)
+        assert isinstance(v, RemoteVerifier) and get_verifier(url=url, token=TOKEN) is v
+        first = await v.verdicts_async([(RELU, NO_CODE), (42, NO_CODE), (RELU, ILLEGAL)])
+        client = v._client
+        second = await v.verdicts_async([(RELU, ILLEGAL)])
+        assert v._client is client and flaky.seen == 3  # the unusable pair never reached the service
+        assert [x.status.value for x in first + second] == ["format_error", "format_error", "illegal", "illegal"]
+        assert "unusable input" in first[1].reason
+        v.close()
+        for _ in range(100):  # the close runs on this (running) loop, scheduled
+            if client._http.is_closed:
+                break
+            await asyncio.sleep(0.01)
+        assert client._http.is_closed and v._client is None
+        other = await asyncio.to_thread(asyncio.run, v.verdicts_async([(RELU, NO_CODE)]))
+        assert other[0].status.value == "format_error" and v._loop is not asyncio.get_running_loop()
+
+
+@pytest.mark.asyncio
 async def test_retries_503_and_429_honouring_retry_after(service):
     flaky = service([(503, {}), (502, {}), (429, {"Retry-After": "1"})])
     with serving(flaky) as url:
@@ -142,13 +168,13 @@ def test_rl_rollout_verifies_through_the_service(service):
     """`verifier_url` in an RL config: the rollout gets its verdicts and feedback turns from the service."""
     from test_episode import Scripted
 
-    from musacoder.api import Verifier
+    from musacoder.api import get_verifier
     from musacoder.conversation import task_messages
     from musacoder.episode import Episode, run_episodes
 
     eng = Scripted({0: NO_CODE, 1: ILLEGAL})
     with serving(service()) as url:
-        verifier = Verifier(url=url, token=TOKEN)
+        verifier = get_verifier(url=url, token=TOKEN)
         t = Episode(RELU, task_messages(RELU, "cpu", one_shot=False), max_turns=2)
         st = run_episodes([t], eng.generate, verifier.verdicts)
     assert [x.status for x in t.rounds] == ["format_error", "illegal"] and t.scores == [-1.0, -1.0]

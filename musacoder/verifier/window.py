@@ -16,6 +16,7 @@ after a block (cpu).
 from __future__ import annotations
 
 import functools
+import math
 import random
 import statistics
 import time
@@ -45,6 +46,7 @@ from musacoder.verifier.timing import (
 # positions compared in each call's output row after a round, at most (every call's row is checked: a call the
 # candidate skipped or deferred leaves its poisoned row)
 SPOT_POSITIONS = 1 << 16
+PROBES = (1, 1, 1, 8, 8, 8)  # calls of each probe block, in order (window._plan)
 
 
 def _convicted(waits: dict[str, list[float]], elapsed_s: float, budget_s: float) -> bool:
@@ -91,7 +93,13 @@ class Window:
         with stage(f, "timing_plan"):
             floor = run.floor()
             continued = self._continued()
-            self.calls = self._plan()
+            try:
+                self.calls = self._plan()
+            except (WorkerTimeout, WorkerDied):
+                raise
+            except RuntimeError as e:  # a probe that failed, or the candidate's that ran past their bound
+                f.timing_error = str(e)[-2000:]
+                return False
         with stage(f, "timing_allocate"):
             self._allocate()
         idle = run.idle_cpu()
@@ -323,21 +331,34 @@ class Window:
     def _probe(self) -> list[float] | None:
         """Each side's time a call, probed; None when a side could not be captured as a graph. A side whose one call
         already lasts an eighth of `block_max_ms` is not probed with 8 (its one call is its time: a block of it is
-        capped anyway)."""
+        capped anyway). The candidate's probes together may last what its timed blocks may (timing.block_limit_s) for
+        their calls at its fastest correctness-trial call: work it queues behind calls that return at once (exploit_46)
+        is cut there, not waited out."""
         run, b = self.run, self.run.base
         per_call = []
         for side in ("ref", "cand"):
             subject = run.cand if side == "cand" else self.j._reference()
             inputs = b.cand_in_refs if side == "cand" else b.ref_in_refs
             times: dict[int, list[float]] = {1: [], 8: []}
-            for n in (1, 1, 1, 8, 8, 8):
+            bound = block_limit_s(sum(PROBES), run.trial_call_ms["cand"]) if side == "cand" else math.inf
+            t_begin = time.perf_counter()
+            for n in PROBES:
                 if n == 8 and statistics.median(times[1]) > self.cfg.timing.block_max_ms / 8:
                     break
                 fresh = not times[n]  # the sets (and a capture) with the first block of each size
                 cmd = SubjectCommand(op="block", shape_key=b.key, sets=[inputs] * n if fresh else None,
                                      graph=self.graph)
-                got = subject.block(cmd, run.left(), run.j._serve_builds(run.builds) if side == "cand" else None,
-                                    spin=self.j.device.type != "cpu")
+                limit = bound - (time.perf_counter() - t_begin)
+                try:
+                    got = subject.block(cmd, run.left(), run.j._serve_builds(run.builds) if side == "cand" else None,
+                                        spin=self.j.device.type != "cpu", limit_s=None if limit == math.inf else limit)
+                except WorkerTimeout:
+                    if limit >= run.left():  # the run's own limit ended it: a timeout
+                        raise
+                    raise RuntimeError(
+                        f"its probe blocks ran past {bound:.3g} s, over {BLOCK_OVERRUN:.0f}x what its correctness "
+                        f"trials' calls took ({run.trial_call_ms['cand']:.3g} ms a call): work queued after its calls "
+                        "returned; no speed is measured") from None
                 r = got.reply
                 if side == "cand":
                     run.note(r)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from musacoder.api import Verifier
+from musacoder.api import Verifier, get_verifier
 from musacoder.backends import resolve
 from musacoder.conversation import task_messages
 from musacoder.episode import Episode, run_episodes
@@ -275,7 +275,7 @@ def build_trainer(cfg: RLConfig):
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=cfg.dtype)
     # the service's own settings apply there; its token comes from the environment, never from the config
-    verifier = Verifier(replace(cfg.verify, backend=backend), cfg.verifier_url, os.environ.get("MUSACODER_TOKEN"))
+    verifier = get_verifier(replace(cfg.verify, backend=backend), cfg.verifier_url, os.environ.get("MUSACODER_TOKEN"))
     buffer = RetryBuffer(cfg.bdr, seed=cfg.seed)
     rollouts = Rollouts(cfg, tasks, backend, verifier, buffer)
     # every step sees prompts_per_step prompts: repeat the (usually few) tasks to fill at least one step

@@ -12,7 +12,7 @@ from musacoder.episode import Episode, Round
 from musacoder.train.rl.algos import episode_reward
 from musacoder.train.rl.bdr import offered
 from musacoder.train.rl.verl_adapter.buffer import buffer_actor
-from musacoder.train.rl.verl_adapter.common import SharedVerifier, VerlSettings, task_of
+from musacoder.train.rl.verl_adapter.common import SharedVerifier, VerlSettings, task_of, verdict
 
 
 @register_agent_loop("musacoder_agent")
@@ -47,7 +47,7 @@ class KernelAgentLoop(SharedVerifier, AgentLoopBase):
                                                      sampling_params=sampling_params)
             out0 = out0 or (ids, out)
             text = self.tokenizer.decode(out.token_ids[:self.rollout_config.response_length], skip_special_tokens=True)
-            ep.record(text, await self.verifier.verify(ep.task, text))
+            ep.record(text, await verdict(self.verifier, ep.task, text))
         scores, passed = ep.scores, ep.passed
         reward = episode_reward(scores, passed, self.s.primeecho)
         if self.s.bdr.enabled and "uid" in kwargs:

@@ -3,11 +3,11 @@ loop and the reward manager."""
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import os
 from dataclasses import dataclass, field
 
+from musacoder.api import Verifier, get_verifier
 from musacoder.config import VerifyConfig
 from musacoder.conversation import task_messages
 from musacoder.settings import Settings
@@ -63,54 +63,22 @@ def task_of(info: dict) -> Task:
     return Task(**info["task"])
 
 
-class AsyncVerifier:
-    """verify(task, text) from async code: the service's async client (one connection pool, opened on first use on
-    the caller's event loop), or the batch API in a thread."""
-
-    def __init__(self, s: VerlSettings):
-        self.s, self._client, self._loop, self._local = s, None, None, None
-
-    async def verify(self, task: Task, text: str) -> Verdict:
-        if self.s.verifier_url:
-            from musacoder.service.client import AsyncVerifierClient
-
-            if self._client is None:
-                self._client = AsyncVerifierClient(self.s.verifier_url, os.environ.get(self.s.token_env))
-                self._loop = asyncio.get_running_loop()
-            return await self._client.verify(task, text)
-        if self._local is None:
-            from musacoder.api import Verifier
-
-            self._local = Verifier(self.s.verify)
-        return (await asyncio.get_running_loop().run_in_executor(None, self._local.verdicts, [(task, text)]))[0]
-
-    def close(self):
-        """Close the client on the loop it was opened on (its connections belong to that loop)."""
-        client, self._client = self._client, None
-        if client is None:
-            return
-        try:
-            if self._loop.is_running():
-                asyncio.run_coroutine_threadsafe(client.aclose(), self._loop)
-            elif not self._loop.is_closed():
-                self._loop.run_until_complete(client.aclose())
-        except RuntimeError:  # a loop closing under us: its connections go with it
-            pass
-
-
 class SharedVerifier:
     """verl builds an agent loop per trajectory and a reward manager per worker: one verifier per class and process
-    (verl's `init_class` convention), replaced if the settings change, closed at exit or by `close_class()`."""
+    (verl's `init_class` convention; api.get_verifier, local or the service's, whose async client keeps its
+    connections), replaced if the settings change, closed at exit or by `close_class()`."""
 
-    _verifier: AsyncVerifier | None = None
+    _verifier: Verifier | None = None
+    _settings: VerlSettings | None = None
 
     @classmethod
-    def init_verifier(cls, s: VerlSettings) -> AsyncVerifier:
-        if cls._verifier is None or cls._verifier.s != s:
+    def init_verifier(cls, s: VerlSettings) -> Verifier:
+        if cls._verifier is None or cls._settings != s:
             if cls._verifier is None:
                 atexit.register(cls.close_class)
             cls.close_class()
-            cls._verifier = AsyncVerifier(s)
+            cls._verifier = get_verifier(s.verify, s.verifier_url, os.environ.get(s.token_env))
+            cls._settings = s
         return cls._verifier
 
     @classmethod
@@ -118,3 +86,8 @@ class SharedVerifier:
         v, cls._verifier = cls._verifier, None
         if v is not None:
             v.close()
+
+
+async def verdict(v: Verifier, task: Task, text: str) -> Verdict:
+    """One answer's verdict, from the agent loop or the reward manager."""
+    return (await v.verdicts_async([(task, text)]))[0]

@@ -6,7 +6,7 @@ from verl.experimental.reward_loop.reward_manager import register as register_re
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from musacoder.train.rl.algos import episode_reward
-from musacoder.train.rl.verl_adapter.common import SharedVerifier, VerlSettings, task_of
+from musacoder.train.rl.verl_adapter.common import SharedVerifier, VerlSettings, task_of, verdict
 
 
 @register_reward_manager("musacoder")
@@ -29,7 +29,7 @@ class MooreEvalRewardManager(SharedVerifier, RewardManagerBase):
         response = item.batch["responses"]
         valid = int(item.batch["attention_mask"][-response.shape[-1]:].sum())
         text = self.tokenizer.decode(response[:valid], skip_special_tokens=True)
-        v = await self.verifier.verify(task_of(item.non_tensor_batch["extra_info"]), text)
+        v = await verdict(self.verifier, task_of(item.non_tensor_batch["extra_info"]), text)
         score = episode_reward([v.reward], [v.passed], self.s.primeecho)
         return {"reward_score": score, "reward_extra_info": {"verifier_reward": v.reward, "passed": v.passed,
                                                              "status": v.status.value}}

@@ -1,9 +1,11 @@
-"""The judge holds a constant number of tensor-sized buffers during a job, whatever the number of trials: its peak
+"""verifier/judge.py: the judge's peak memory over one job stays a few tensor sizes whatever the number of trials,
+and its determinism re-run cannot be skipped by raising (a judge in this process, on the cpu backend).
+
+The judge holds a constant number of tensor-sized buffers during a job, whatever the number of trials: its peak
 resident memory over one strict-profile job (correctness trials with shape and distribution variants, then timing)
 on the cpu backend, where every buffer it shares with a subject is a shared-memory file it touches (so VmHWM counts
 it) as a CUDA judge holds them in device memory. When the judge kept one buffer set per shape, full-size copies and
-float64 temporaries, it peaked at 13-15.5x the input size here (61.5 GiB for a 6 GiB Softmax input on an H100).
-Also: the determinism re-run cannot be skipped by raising."""
+float64 temporaries, it peaked at 13-15.5x the input size here (61.5 GiB for a 6 GiB Softmax input on an H100)."""
 
 import os
 from pathlib import Path
