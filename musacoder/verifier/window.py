@@ -49,6 +49,10 @@ SPOT_POSITIONS = 1 << 16
 PROBES = (1, 1, 1, 8, 8, 8)  # calls of each probe block, in order (window._plan)
 
 
+class ProbesOverran(RuntimeError):
+    """The candidate's probe blocks ran past their bound (window._probe)."""
+
+
 def _convicted(waits: dict[str, list[float]], elapsed_s: float, budget_s: float) -> bool:
     """Whether the quiet gate's waits already refuse the candidate for work left running, with the window's budget
     spent: more rounds cannot speed it up (a candidate that keeps the device busy makes every round slow: exploit 46
@@ -95,10 +99,8 @@ class Window:
             continued = self._continued()
             try:
                 self.calls = self._plan()
-            except (WorkerTimeout, WorkerDied):
-                raise
-            except RuntimeError as e:  # a probe that failed, or the candidate's that ran past their bound
-                f.timing_error = str(e)[-2000:]
+            except ProbesOverran as e:  # the candidate's own doing: its verdict, not the job's error
+                f.timing_error = str(e)
                 return False
         with stage(f, "timing_allocate"):
             self._allocate()
@@ -355,7 +357,7 @@ class Window:
                 except WorkerTimeout:
                     if limit >= run.left():  # the run's own limit ended it: a timeout
                         raise
-                    raise RuntimeError(
+                    raise ProbesOverran(
                         f"its probe blocks ran past {bound:.3g} s, over {BLOCK_OVERRUN:.0f}x what its correctness "
                         f"trials' calls took ({run.trial_call_ms['cand']:.3g} ms a call): work queued after its calls "
                         "returned; no speed is measured") from None
