@@ -63,11 +63,11 @@ def env_config() -> VerifyConfig:
         raise ValueError(f"{var}: {e}") from None
 
 
-def env_verifier(config: VerifyConfig | None = None) -> Verifier:
-    """The service at MUSACODER_VERIFIER_URL when set (its settings apply), else a pool in this process with `config`
-    (default: `env_config()`)."""
-    return get_verifier(config or env_config(), os.environ.get("MUSACODER_VERIFIER_URL") or None,
-                    os.environ.get("MUSACODER_TOKEN"))
+def env_verifier(config: VerifyConfig | None = None, url: str | None = None, token: str | None = None) -> Verifier:
+    """The service at `url`, else at MUSACODER_VERIFIER_URL when set (its settings apply; `token`, else
+    MUSACODER_TOKEN), else a pool in this process with `config` (default: `env_config()`)."""
+    return get_verifier(config or env_config(), url or os.environ.get("MUSACODER_VERIFIER_URL") or None,
+                        token or os.environ.get("MUSACODER_TOKEN"))
 
 
 def verdicts(pairs: list[tuple[Any, Any]], config: VerifyConfig | None = None) -> list[Verdict]:
@@ -156,9 +156,7 @@ def _verl_verifier(verify: dict | None, verifier_url: str | None, token: str | N
         from omegaconf import OmegaConf
 
         verify = OmegaConf.to_container(verify, resolve=True)
-    cfg = VerifyConfig.from_dict(verify) if verify is not None else env_config()
-    return get_verifier(cfg, verifier_url or os.environ.get("MUSACODER_VERIFIER_URL") or None,
-                        token or os.environ.get("MUSACODER_TOKEN"))
+    return env_verifier(VerifyConfig.from_dict(verify) if verify is not None else None, verifier_url, token)
 
 
 def compute_score(data_source=None, solution_str: str = "", ground_truth=None, extra_info=None, verify=None,
