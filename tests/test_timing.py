@@ -10,6 +10,7 @@ from musacoder.verifier.timing import (
     MAX_CALLS,
     block_limit_s,
     faster_than_probed,
+    held_in_plan,
     mean_ratio_interval,
     moved_out,
     plan_calls,
@@ -33,6 +34,17 @@ def test_a_block_stays_within_its_memory_and_half_the_free_memory():
     assert plan_calls(0.001, MIB, MIB, 0, block_ms=10, mem_bytes=2**40, free_bytes=60 * MIB) == 5
     assert plan_calls(1e-6, 1, 1, 0, block_ms=10, mem_bytes=2**40) == MAX_CALLS
     assert plan_calls(0.001, 4 * 2**30, 2**30, 0, block_ms=10, mem_bytes=MIB) == 1  # never none
+
+
+def test_intermediates_kept_in_a_graph_count_in_the_memory_plan():
+    # 1 MiB set, 1 MiB output (held and read back), 2 MiB of intermediates: 5 MiB a call in 30 MiB
+    assert plan_calls(0.001, MIB, MIB, 0, block_ms=10, mem_bytes=30 * MIB, held_bytes=2 * MIB) == 6
+    # the larger side's counts; a candidate's own report up to 4x the reference's, or its output's size
+    assert held_in_plan(3 * MIB, MIB, MIB) == 3 * MIB
+    assert held_in_plan(MIB, 3 * MIB, MIB) == 3 * MIB
+    assert held_in_plan(MIB, 2**40, MIB) == 4 * MIB
+    assert held_in_plan(0, 2**40, 2 * MIB) == 8 * MIB  # a reference that keeps none: the output's size
+    assert held_in_plan(0, -5, MIB) == 0
 
 
 def test_a_candidate_whose_slow_probe_capped_the_blocks_must_be_timed_as_slow():

@@ -29,6 +29,8 @@ def test_an_honest_kernel_is_timed_in_blocks_of_calls_on_the_cpu(relu_verdict):
     # the round trip is paid once a block, not once a call: a call's share of it is far below the call
     assert d["timer_floor_ms"] / d["calls_per_block"] < 0.25 * v.eager_ms
     assert len(d["outside_ms"]) == 2 and not d["outside_included"], d
+    # both sides' probes timed; no graph on the cpu, so no intermediates kept for the plan to count
+    assert len(d["probe_s"]) == 2 and min(d["probe_s"]) > 0 and d["held_bytes"] == 0, d
 
 
 def test_cpu_subjects_keep_what_their_allocator_frees(monkeypatch):

@@ -164,9 +164,12 @@ def _inputs(task, device) -> list:
 
 def _time_block(model, sets: list, graphs: bool) -> float:
     """do_bench of the verifier's workload in this process: back-to-back calls on their own input sets (one CUDA
-    graph replay where the verifier replayed graphs), L2 cleared before each block, per call."""
+    graph replay where the verifier replayed graphs, captured as its subjects capture: each call's intermediates kept
+    alive, verifier/capture.py), L2 cleared before each block, per call."""
     import torch
     from triton.testing import do_bench
+
+    from musacoder.verifier.capture import KeepAlive
 
     if graphs:
         side = torch.cuda.Stream()
@@ -174,9 +177,10 @@ def _time_block(model, sets: list, graphs: bool) -> float:
         with torch.cuda.stream(side):
             model(*sets[0])
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        graph, keep = torch.cuda.CUDAGraph(), KeepAlive()
+        with torch.cuda.graph(graph), keep:
             outs = [model(*s) for s in sets]
+        keep.release()
         ms = do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
         del graph, outs
     else:
@@ -236,7 +240,7 @@ def _verify(rows: list[dict], tasks: list, backend: str, cache: str, method: str
                            "interval": v.details.get("speedup_interval"), "candidate_ms": v.candidate_ms,
                            "reference_ms": v.eager_ms, **{k: v.details.get(k) for k in (
                                "calls_per_block", "graphs", "timer_floor_ms", "reference_self_ms", "outside_ms",
-                               "outside_included")},
+                               "outside_included", "probe_s", "held_bytes")},
                            "seconds": v.stage_seconds.get("total")}
             log(f"verified {i + 1}/{len(rows)} ({method}): {row['family']} {row['sizes']}: {v.status.value} "
                 f"{v.speedup_eager}")

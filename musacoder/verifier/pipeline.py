@@ -262,7 +262,8 @@ def _apply_timing(v: Verdict, cfg, f: Facts) -> None:
     v.details.update(speedup_interval=[round(t.speedup_low, 4), round(t.speedup_high, 4)], timing_method=t.method,
                      graphs=t.graphs, calls_per_block=t.calls, timer_floor_ms=t.floor_ms, threads=t.threads,
                      reference_self_ms=t.reference_self_ms, outside_ms=t.outside_ms,
-                     outside_included=t.outside_included, quiet_wait_ms=t.quiet_wait_ms)
+                     outside_included=t.outside_included, quiet_wait_ms=t.quiet_wait_ms, probe_s=t.probe_s,
+                     held_bytes=t.held_bytes)
     if f.rates:
         v.sol_ms = speed_of_light_ms(f.bytes, f.flops, f.rates)
         v.details["roofline"] = {"bytes": f.bytes, "flops": f.flops, **f.rates}  # which term sets it (feedback.py)

@@ -140,6 +140,7 @@ class SubjectReply(Msg):
     self_ms: float = 0.0
     misfit: int = -1
     graphed: bool = False  # block: the calls run as a captured CUDA graph
+    held_bytes: int = 0  # block, when captured: a call's intermediates kept in the graph (capture.py)
     continued: int = 0
     times_ms: list[float] = Field(default_factory=list)  # kb_time: each timed call
 
@@ -266,6 +267,10 @@ class Timing(Msg):
     outside_included: bool = False
     # device: median ms the quiet gate waited after the candidate's blocks, and after the reference's (quiet.py)
     quiet_wait_ms: list[float] | None = None
+    # seconds the probe blocks took, candidate and reference (window._probe; the candidate's are bounded), and the
+    # bytes of intermediates a call keeps in a captured graph that the memory plan counted (capture.py)
+    probe_s: list[float] | None = None
+    held_bytes: int = 0
 
 
 class Facts(Msg):

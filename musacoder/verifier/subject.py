@@ -12,6 +12,7 @@ same code on the task's `Model` and never sees candidate code. Messages are `pro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -82,6 +83,7 @@ class Subject:
         from musacoder.backends import get_backend
         from musacoder.verifier import legality
         from musacoder.verifier.build import LaunchCounter, RemoteLoader
+        from musacoder.verifier.capture import keep_alive_warmed
         from musacoder.verifier.protocol import request_build
 
         self.torch = torch
@@ -108,8 +110,10 @@ class Subject:
         self._touch = None
         self.legality = legality
         # The first traced call imports and warms up torch's Python dispatch machinery (about a second on a small
-        # CPU): do it while this process waits as a spare, not inside the candidate's first correctness trial.
-        with torch.no_grad(), legality.OpTrace(self.backend.torch_namespaces):
+        # CPU), and a capture's first keep-alive imports torch._dynamo (~1 s more; 2026-11-29 on an H200 it pushed
+        # honest candidates' probes past their bound): do it while this process waits as a spare, not inside the
+        # candidate's first correctness trial or probe.
+        with torch.no_grad(), legality.OpTrace(self.backend.torch_namespaces), keep_alive_warmed(self.device):
             torch.ones(2, device=self.device or "cpu").clone().view(2, 1)
         self.snapshot = legality.snapshot()
 
@@ -298,7 +302,10 @@ class Subject:
         model = self.models[cmd.shape_key]
         if cmd.sets is not None:
             calls = [self._args(inputs) for inputs in cmd.sets]
-            self.blocks[cmd.shape_key] = (calls, self._capture(model, calls, trace) if cmd.graph else None)
+            # a compiled baseline runs eagerly under a dispatch mode (dynamo steps aside), and its own buffers bypass
+            # the dispatcher: captured without the keep-alive
+            self.blocks[cmd.shape_key] = (calls, self._capture(model, calls, trace, cmd.shape_key != "compiled")
+                                          if cmd.graph else None)
         calls, graph = self.blocks[cmd.shape_key]
         rows = [None if ref is None else self._open(ref)[1] for ref in (cmd.outputs or [])]
         self._switch_in()
@@ -343,15 +350,17 @@ class Subject:
         self.backend.synchronize()
         integrity = self.legality.integrity_changes(self.snapshot, self.legality.snapshot())
         return SubjectReply(spec=spec, misfit=misfit, self_ms=self_ms, graphed=graph is not None,
+                            held_bytes=graph[2] if graph is not None and cmd.sets is not None else 0,
                             ops=dict(trace.ops), launches=self.counter.launches + trace.own_ops(),
                             launch_names=sorted(self.counter.names),
                             error="" if not integrity else "harness functions replaced: " + ", ".join(integrity),
                             ok=not integrity, kind="integrity" if integrity else "")
 
-    def _capture(self, model, calls: list, trace):
-        """The block's calls as one CUDA graph and its (static) outputs, after two calls off the capture to warm up, all
-        of them traced; None where forward cannot be captured (a launch on the legacy default stream, a host
-        synchronisation...): the window then times eager calls on both sides. Replay runs exactly the kernels
+    def _capture(self, model, calls: list, trace, keep_alive: bool):
+        """The block's calls as one CUDA graph, its (static) outputs and the bytes a call's intermediates hold in it
+        (kept alive through the capture: capture.py), after two calls off the capture to warm up, all of them traced;
+        None where forward cannot be captured (a launch on the legacy default stream, a host synchronisation...): the
+        window then times eager calls on both sides. Replay runs exactly the kernels
         captured, so no host code of the candidate's runs while it is timed.
 
         A capture can also succeed without the candidate's kernels in it: a launch on the legacy default stream runs
@@ -361,6 +370,8 @@ class Subject:
         torch = self.torch
         if self.device is None or self.device.type != "cuda":
             return None
+        from musacoder.verifier.capture import KeepAlive
+
         side = torch.cuda.Stream()
         try:
             side.wait_stream(torch.cuda.current_stream())
@@ -369,17 +380,20 @@ class Subject:
                         for args in calls[:2]]
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
+            graph, keep = torch.cuda.CUDAGraph(), KeepAlive() if keep_alive else contextlib.nullcontext()
             # capture_begin/end by hand: torch.cuda.graph() leaves its capture stream current when the end fails
             with torch.no_grad(), trace, torch.cuda.stream(side):
                 graph.capture_begin()
                 try:
-                    outs = [model(*args) for args in calls]
+                    with keep:  # each call's intermediates at addresses of their own (capture.py)
+                        outs = [model(*args) for args in calls]
                 finally:
                     graph.capture_end()
+            held = keep.held_bytes(leave_out=(calls, outs)) // len(calls) if keep_alive else 0
+            del keep
             if not self._replays_itself(graph, outs, warm, calls):
                 return None
-            return graph, outs
+            return graph, outs, held
         except Exception:  # not capturable: eager calls instead, decided by the window for both sides
             torch.cuda.synchronize()
             return None

@@ -26,12 +26,14 @@ MAX_CALLS = 1024  # calls a block at most: each is its own input set, allocated 
 
 
 def plan_calls(call_ms: float, set_bytes: int, out_bytes: int, cache_bytes: int, block_ms: float, mem_bytes: float,
-               free_bytes: float | None = None, slow_call_ms: float = 0.0, block_max_ms: float = math.inf) -> int:
+               free_bytes: float | None = None, slow_call_ms: float = 0.0, block_max_ms: float = math.inf,
+               held_bytes: int = 0) -> int:
     """Calls a block: enough for the block to last `block_ms` at the faster arm's `call_ms` (the round trip is paid
     once a block) and for its input sets to exceed twice the last-level cache (each call reads inputs no earlier call
-    of the block left there), within `mem_bytes` of an arm's input sets, read-back rows and held outputs, half of
-    `free_bytes` for both arms', and `block_max_ms` of the slower arm's block at its `slow_call_ms`."""
-    per_call = set_bytes + 2 * out_bytes  # one arm: its input set, its output held, its read-back row
+    of the block left there), within `mem_bytes` of an arm's input sets, read-back rows, held outputs and
+    intermediates kept in a graph (`held_bytes` a call), half of `free_bytes` for both arms', and `block_max_ms` of
+    the slower arm's block at its `slow_call_ms`."""
+    per_call = set_bytes + 2 * out_bytes + held_bytes  # one arm: input set, output held, read-back row, intermediates
     want = max(math.ceil(block_ms / max(call_ms, 1e-4)), math.ceil(2 * cache_bytes / max(set_bytes, 1)))
     cap = min(MAX_CALLS, int(mem_bytes // max(per_call, 1)))
     if slow_call_ms > 0:
@@ -39,6 +41,18 @@ def plan_calls(call_ms: float, set_bytes: int, out_bytes: int, cache_bytes: int,
     if free_bytes is not None:
         cap = min(cap, int(0.5 * free_bytes // max(2 * per_call, 1)))
     return max(1, min(want, cap))
+
+
+HELD_RATIO = 4  # the most a candidate's intermediates in a graph weigh in the plan, against the reference's
+
+
+def held_in_plan(ref_held: int, cand_held: int, out_bytes: int) -> int:
+    """The intermediates a call keeps in a captured graph (verifier/capture.py) that the plan counts for each arm: the
+    larger side's, where the candidate's own report counts up to HELD_RATIO times the reference's (or the output's
+    size, where the reference keeps none). More would let a candidate shorten both arms' blocks, whose round trips then
+    pull a slower kernel's ratio toward 1; an honest candidate past it keeps its own (the plan leaves half the device
+    free)."""
+    return max(ref_held, min(max(cand_held, 0), HELD_RATIO * max(ref_held, out_bytes)))
 
 
 # A candidate's timed block may last BLOCK_OVERRUN times what its probed calls planned (at least BLOCK_FLOOR_S)

@@ -36,6 +36,7 @@ from musacoder.verifier.timing import (
     LEFT_RUNNING_MS,
     block_limit_s,
     faster_than_probed,
+    held_in_plan,
     left_running,
     moved_out,
     paired_speedup,
@@ -243,6 +244,7 @@ class Window:
                           outside_included=included,
                           quiet_wait_ms=None if not waits else [round(statistics.median(waits[a]), 4)
                                                                 for a in ("cand", "ref")],
+                          probe_s=[round(self.probe_s[a], 3) for a in ("cand", "ref")], held_bytes=self.held_planned,
                           compile_ms=statistics.median(comp) if comp else None,
                           compile_speedup=statistics.median(comp) / cms if comp else None)
 
@@ -322,9 +324,10 @@ class Window:
             self.graph = False
             per_call = self._probe()
         set_bytes, out_bytes = tensor_bytes(b.cand_in), tensor_bytes(b.ref_out)
+        self.held_planned = held = held_in_plan(self.held["ref"], self.held["cand"], out_bytes)
         backend = self.j.backend
         plan = functools.partial(plan_calls, min(per_call), set_bytes, out_bytes, backend.cache_bytes(), tc.block_ms,
-                                 tc.block_mem_gb * 2**30, backend.free_bytes())
+                                 tc.block_mem_gb * 2**30, backend.free_bytes(), held_bytes=held)
         calls = plan(max(per_call), tc.block_max_ms)
         # the candidate's own slow probe capped the blocks: its timed calls must not then run far faster (go)
         self.probed_cand, self.capped = per_call[1], per_call[1] >= per_call[0] and calls < plan()
@@ -337,7 +340,7 @@ class Window:
         their calls at its fastest correctness-trial call: work it queues behind calls that return at once (exploit_46)
         is cut there, not waited out."""
         run, b = self.run, self.run.base
-        per_call = []
+        per_call, self.held, self.probe_s = [], {"ref": 0, "cand": 0}, {}
         for side in ("ref", "cand"):
             subject = run.cand if side == "cand" else self.j._reference()
             inputs = b.cand_in_refs if side == "cand" else b.ref_in_refs
@@ -368,7 +371,9 @@ class Window:
                     raise RuntimeError(r.error)
                 if self.graph and not r.graphed:
                     return None
+                self.held[side] = max(self.held[side], r.held_bytes)
                 times[n].append(got.ms)
+            self.probe_s[side] = time.perf_counter() - t_begin
             if not times[8]:
                 per_call.append(statistics.median(times[1]))
                 continue

@@ -43,9 +43,12 @@ def main(argv=None):
     import musacoder.verifier.protocol  # noqa: F401
     from musacoder.backends import get_backend
     from musacoder.verifier import legality, subject
+    from musacoder.verifier.capture import keep_alive_warmed
 
-    # warm torch's Python dispatch machinery once (the first traced call costs ~0.7 s of CPU), on the CPU only
-    with torch.no_grad(), legality.OpTrace(get_backend("cpu").torch_namespaces):
+    # warm torch's Python dispatch machinery once (the first traced call costs ~0.7 s of CPU), on the CPU only, and
+    # a capture's keep-alive where subjects may capture (its first use imports torch._dynamo: ~1 s more)
+    cuda = torch.device("cuda") if torch.cuda.is_available() else None  # NVML's answer: no context made
+    with torch.no_grad(), legality.OpTrace(get_backend("cpu").torch_namespaces), keep_alive_warmed(cuda):
         torch.ones(2).clone().view(2, 1)
 
     serve(sock, subject.main, {"device_fork": _children_can_use_the_device(torch)})
