@@ -16,6 +16,7 @@ import atexit
 import copy
 import re
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -199,13 +200,15 @@ class LocalVerifier(Verifier):
 class RemoteVerifier(Verifier):
     """Verdicts from the reward service at `url` (its own settings apply; `config` only shapes the format_error
     verdicts of unusable pairs; `token`: its bearer token; `concurrency`: requests in flight). From async code it keeps
-    one client, and its connections, for as long as it lives, opened on the caller's event loop: a reward called
-    thousands of times an RL run does not open a connection pool each time."""
+    one client, and its connections, for each event loop that calls it, for as long as the loop lives: a reward called
+    thousands of times an RL run does not open a connection pool each time, and callers on two loops (threads of their
+    own) never close each other's client under requests in flight."""
 
     def __init__(self, url: str, token: str | None = None, config: VerifyConfig | None = None, concurrency: int = 64):
         self.url, self.token, self.concurrency = url, token, concurrency
         self.config = config if config is not None else VerifyConfig()
-        self._client, self._loop = None, None
+        self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> its client
+        self._lock = threading.Lock()
 
     def verdicts(self, pairs: Sequence[tuple]) -> list[Verdict]:
         from musacoder.service.client import verify_batch
@@ -221,27 +224,28 @@ class RemoteVerifier(Verifier):
         return [bad.get(i) or got.pop(0) for i in range(len(pairs))]
 
     def _open(self):
-        """The client of the running loop: a caller on another loop gets a new one (connections belong to a loop)."""
+        """The running loop's client (connections belong to a loop), made on its first call."""
         from musacoder.service.client import AsyncVerifierClient
 
         loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            self.close()
-            self._client, self._loop = AsyncVerifierClient(self.url, self.token, concurrency=self.concurrency), loop
-        return self._client
+        with self._lock:
+            client = self._clients.get(loop)
+            if client is None:
+                client = self._clients[loop] = AsyncVerifierClient(self.url, self.token, concurrency=self.concurrency)
+        return client
 
     def close(self) -> None:
-        """Close the client on the loop it was opened on."""
-        client, self._client = self._client, None
-        if client is None:
-            return
-        try:
-            if self._loop.is_running():
-                asyncio.run_coroutine_threadsafe(client.aclose(), self._loop)
-            elif not self._loop.is_closed():
-                self._loop.run_until_complete(client.aclose())
-        except RuntimeError:  # a loop closing under us: its connections go with it
-            pass
+        """Close every client on the loop it was opened on (a loop already closed took its connections along)."""
+        with self._lock:
+            clients, self._clients = list(self._clients.items()), weakref.WeakKeyDictionary()
+        for loop, client in clients:
+            try:
+                if loop.is_running():
+                    asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+                elif not loop.is_closed():
+                    loop.run_until_complete(client.aclose())
+            except RuntimeError:  # a loop closing under us: its connections go with it
+                pass
 
 
 def get_verifier(config: VerifyConfig | None = None, url: str | None = None, token: str | None = None,

@@ -74,7 +74,8 @@ async def test_verify_many_keeps_order_under_a_concurrency_limit(service):
 @pytest.mark.asyncio
 async def test_a_remote_verifier_keeps_one_client_for_its_loop_and_closes_it(service):
     """api.get_verifier's service side: the verdicts in order, an unusable pair answered here (never sent), and one
-    client with its connections across calls on a loop, not one a call; a caller on another loop gets its own."""
+    client with its connections across calls on a loop, not one a call; a caller on another loop (a thread of its own)
+    gets its own and leaves this loop's open."""
     from musacoder.api import RemoteVerifier, get_verifier
 
     flaky = service()
@@ -82,19 +83,20 @@ async def test_a_remote_verifier_keeps_one_client_for_its_loop_and_closes_it(ser
         v = get_verifier(url=url, token=TOKEN)
         assert isinstance(v, RemoteVerifier) and get_verifier(url=url, token=TOKEN) is v
         first = await v.verdicts_async([(RELU, NO_CODE), (42, NO_CODE), (RELU, ILLEGAL)])
-        client = v._client
+        client = v._clients[asyncio.get_running_loop()]
         second = await v.verdicts_async([(RELU, ILLEGAL)])
-        assert v._client is client and flaky.seen == 3  # the unusable pair never reached the service
+        assert v._clients[asyncio.get_running_loop()] is client and flaky.seen == 3  # the unusable pair: not sent
         assert [x.status.value for x in first + second] == ["format_error", "format_error", "illegal", "illegal"]
         assert "unusable input" in first[1].reason
+        other = await asyncio.to_thread(asyncio.run, v.verdicts_async([(RELU, NO_CODE)]))
+        assert other[0].status.value == "format_error" and not client._http.is_closed
+        assert v._clients[asyncio.get_running_loop()] is client
         v.close()
         for _ in range(100):  # the close runs on this (running) loop, scheduled
             if client._http.is_closed:
                 break
             await asyncio.sleep(0.01)
-        assert client._http.is_closed and v._client is None
-        other = await asyncio.to_thread(asyncio.run, v.verdicts_async([(RELU, NO_CODE)]))
-        assert other[0].status.value == "format_error" and v._loop is not asyncio.get_running_loop()
+        assert client._http.is_closed and len(v._clients) == 0
 
 
 @pytest.mark.asyncio
