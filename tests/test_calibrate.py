@@ -20,6 +20,8 @@ def test_the_verifiers_cpu_speedups_agree_with_an_in_process_measurement(cache_d
     assert rows and all(r["judge"]["status"] == "ok" for r in rows), [r["judge"] for r in rows]
     lines = table(rows)
     assert len(lines) == len(rows) + 1
+    arms = lines[0].index("time a call, verifier / in process: reference, candidate")
+    assert all(all(0.2 < float(x) < 5 for x in line[arms].split(", ")) for line in lines[1:]), lines  # per side
     lo_hi = [r["truth"]["range"] for r in rows]  # the truth's own spread over its repeats, around its median
     assert all(lo <= r["truth"]["speedup"] * 1.0001 and r["truth"]["speedup"] <= hi * 1.0001
                for (lo, hi), r in zip(lo_hi, rows)), lo_hi

@@ -336,8 +336,8 @@ def table(rows: list[dict]) -> list[list[str]]:
     block = any("block_speedup" in r["truth"] for r in rows)
     head = (["family", "sizes", "reference ms", "candidate ms", "speedup, in process"]
             + (["speedup, in process, the verifier's blocks"] if block else [])
-            + ["its range over the repeats", "speedup, verifier [95% interval]", "ratio", "calls a block", "tolerance",
-               "verdict"]
+            + ["its range over the repeats", "speedup, verifier [95% interval]", "ratio",
+               "time a call, verifier / in process: reference, candidate", "calls a block", "tolerance", "verdict"]
             + (["speedup, KernelBench's method"] if kb else []))
     body = []
     for r in rows:
@@ -349,11 +349,20 @@ def table(rows: list[dict]) -> list[list[str]]:
                     + ([f"{t['block_speedup']:.3f}" if "block_speedup" in t else "-"] if block else [])
                     + ["{:.3f}-{:.3f}".format(*t["range"]) if "range" in t else "-",
                        f"{j['speedup']:.3f} [{lo:.3f}-{hi:.3f}]" if j["speedup"] else j["status"],
-                       f"{r['ratio']:.3f}" if "ratio" in r else "-", calls,
+                       f"{r['ratio']:.3f}" if "ratio" in r else "-", _arms(j, t), calls,
                        f"{r['tolerance']:.0%}" if r["tolerance"] else "-", r["verdict"]]
                     + ([f"{r['kernelbench']['speedup']:.3f}" if r.get("kernelbench", {}).get("speedup") else "-"]
                        if kb else []))
     return [head, *body]
+
+
+def _arms(judged: dict, truth: dict) -> str:
+    """Each arm's time a call in the verdict over the same in process (the verifier's blocks where timed so): which
+    side a disagreement comes from."""
+    if not judged.get("reference_ms") or not judged.get("candidate_ms"):
+        return "-"
+    ref, cand = (truth.get(f"{side}_block_ms", truth[f"{side}_ms"]) for side in ("reference", "candidate"))
+    return f"{judged['reference_ms'] / ref:.3f}, {judged['candidate_ms'] / cand:.3f}"
 
 
 def main(argv=None):
