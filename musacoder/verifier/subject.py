@@ -360,8 +360,8 @@ class Subject:
         """The block's calls as one CUDA graph, its (static) outputs and the bytes a call's intermediates hold in it
         (kept alive through the capture: capture.py), after two calls off the capture to warm up, all of them traced;
         None where forward cannot be captured (a launch on the legacy default stream, a host synchronisation...): the
-        window then times eager calls on both sides. Replay runs exactly the kernels
-        captured, so no host code of the candidate's runs while it is timed.
+        window then times eager calls on both sides. Replay runs exactly the kernels captured, so no host code of the
+        candidate's runs while it is timed.
 
         A capture can also succeed without the candidate's kernels in it: a launch on the legacy default stream runs
         at once, beside a capture on torch's (non-blocking) stream, and the graph replays nothing of it (an honest

@@ -83,6 +83,11 @@ class Window:
         self.refs: dict[str, list] = {"ref": [], "cand": []}  # per set: what the subject opens
         self.rows: dict[str, tuple] = {}  # arm -> (row tensors per output leaf, their refs)
         self.sent = {"ref": False, "cand": False, "comp": False}  # the arm's process has this window's sets
+        # probing (_probe): each side's intermediates kept in its graph (bytes a call) and its probes' seconds; the
+        # intermediates the plan counted (_plan)
+        self.held: dict[str, int] = {"ref": 0, "cand": 0}
+        self.probe_s: dict[str, float] = {}
+        self.held_planned = 0
 
     # ---- the window -------------------------------------------------------------------------------------------------
     def go(self) -> bool:
