@@ -9,6 +9,7 @@ from musacoder.verifier.timing import (
     BLOCK_FLOOR_S,
     MAX_CALLS,
     block_limit_s,
+    contended,
     faster_than_probed,
     held_in_plan,
     mean_ratio_interval,
@@ -45,6 +46,34 @@ def test_intermediates_kept_in_a_graph_count_in_the_memory_plan():
     assert held_in_plan(MIB, 2**40, MIB) == 4 * MIB
     assert held_in_plan(0, 2**40, 2 * MIB) == 8 * MIB  # a reference that keeps none: the output's size
     assert held_in_plan(0, -5, MIB) == 0
+
+
+def test_a_cpu_block_past_its_limit_is_given_more_only_when_other_processes_slowed_it():
+    # a build kept a core busy beside the block: 9 of 10 busy CPU seconds over 5 s were not the candidate's
+    assert contended(busy_s=10.0, own_s=1.0, wall_s=5.0)
+    assert not contended(busy_s=5.2, own_s=5.0, wall_s=5.0)  # it spun itself (cpu/exploit_72)
+    assert not contended(busy_s=0.3, own_s=0.0, wall_s=5.0)  # it slept on an idle machine
+    assert not contended(busy_s=1.0, own_s=0.0, wall_s=0.0)
+
+
+def test_the_contention_grace_reads_the_machines_load_and_runs_out():
+    """window._Contention with this process as the candidate: a child spinning beside it is other processes' load."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from musacoder.verifier.timing import CONTENDED_GRACES
+    from musacoder.verifier.window import _Contention
+
+    grace = _Contention(os.getpid(), 2.0)
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"])
+    try:
+        time.sleep(1.0)
+        given = [grace() for _ in range(CONTENDED_GRACES + 1)]
+    finally:
+        spinner.wait()
+    assert given == [2.0] * CONTENDED_GRACES + [0.0]
 
 
 def test_a_candidate_whose_slow_probe_capped_the_blocks_must_be_timed_as_slow():

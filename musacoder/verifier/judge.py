@@ -160,47 +160,62 @@ class Subject:
         return SubjectReply.model_validate(self.proc.call(cmd.model_dump(), timeout, on_build))
 
     def block(self, cmd: SubjectCommand, timeout: float, on_build=None, spin: bool = False,
-              limit_s: float | None = None) -> Block:
+              limit_s: float | None = None, grace=None) -> Block:
         """A timed block (window.py): the command, answered `ready` once the subject has prepared its calls; a bare
         `go` and `done` around the calls, on this clock; then the reply, once the outputs are read back. The
         preparation and the read-back are on this clock too (work moved out of the timed stretch shows there). A
         subject that fails before `done` ends it with its reply. `spin`: poll for `done` without sleeping (a device
         backend: the judge's own wake-up stays off the clock; never on the cpu, whose cores the subjects use).
         `limit_s`: the most the calls and the read-back may take from `go` (past it WorkerTimeout, the subject
-        killed)."""
+        killed), unless `grace()` then gives more seconds (a cpu block slowed by other processes: _Contention)."""
         t_cmd = time.perf_counter()
         ready = self.call(cmd, timeout, on_build)
         if ready.kind != "ready":
             return Block(reply=ready)
-        deadline = time.monotonic() + (timeout if limit_s is None else min(timeout, limit_s))
+        end = time.monotonic() + timeout  # the run's own limit: no grace past it
+        deadline = end if limit_s is None else min(end, time.monotonic() + limit_s)
         t0 = time.perf_counter()
         self.proc.conn.send_bytes(b"go")
-        while (msg := self._bare(deadline, spin)) != b"done":  # a build its forward asked for, or its failure
+        while True:  # a build its forward asked for, or its failure, until `done`
+            deadline = self._wait(deadline, end, spin, grace)
+            try:
+                msg = self.proc.conn.recv_bytes()
+            except (EOFError, OSError):  # its end closed: WorkerDied with its log tail (or the deadline's timeout)
+                self.proc._recv(max(deadline - time.monotonic(), 0.001))
+                continue
+            if msg == b"done":
+                break
             answer = json.loads(msg)
             if "type" not in answer or on_build is None:
                 return Block(reply=SubjectReply.model_validate(answer))
             self.proc.conn.send_bytes(json.dumps(on_build(answer)).encode())
         t1 = time.perf_counter()
-        answer = self.proc._recv(max(deadline - time.monotonic(), 0.001))
-        while "type" in answer and on_build is not None:
-            self.proc.conn.send_bytes(json.dumps(on_build(answer)).encode())
+        while True:
+            deadline = self._wait(deadline, end, False, grace)
             answer = self.proc._recv(max(deadline - time.monotonic(), 0.001))
+            if "type" not in answer or on_build is None:
+                break
+            self.proc.conn.send_bytes(json.dumps(on_build(answer)).encode())
         t2 = time.perf_counter()
         return Block((t1 - t0) * 1e3, (t0 - t_cmd) * 1e3, (t2 - t1) * 1e3, SubjectReply.model_validate(answer))
 
-    def _bare(self, deadline: float, spin: bool = False) -> bytes:
-        """The next message as it came (`done` is not JSON), waiting until `deadline` and for as long as the process
-        lives."""
+    def _wait(self, deadline: float, end: float, spin: bool, grace) -> float:
+        """Until the next message can be read, for as long as the process lives: the deadline it came by (moved by
+        `grace()` where that gives more time, never past `end`). Past it the process is killed (WorkerTimeout)."""
         conn = self.proc.conn
         spin_until = time.perf_counter() + (1.0 if spin else 0.0)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
+                more = grace() if grace is not None and deadline < end else 0.0
+                if more > 0:
+                    deadline = min(end, deadline + more)
+                    continue
                 self.proc.kill()
                 raise WorkerTimeout("no answer within the run's time limit")
             try:
                 if conn.poll(0 if time.perf_counter() < spin_until else min(left, 1.0)):
-                    return conn.recv_bytes()
+                    return deadline
             except (EOFError, OSError):
                 pass
             if time.perf_counter() >= spin_until and not self.proc.alive:

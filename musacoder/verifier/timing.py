@@ -67,6 +67,19 @@ def block_limit_s(calls: int, probed_ms: float) -> float:
     return max(BLOCK_OVERRUN * calls * probed_ms / 1e3, BLOCK_FLOOR_S)
 
 
+# cpu: a block past its limit while other processes kept this many cores busy is given the limit again, this often
+CONTENDED_CORES, CONTENDED_GRACES = 0.5, 3
+
+
+def contended(busy_s: float, own_s: float, wall_s: float) -> bool:
+    """Whether a cpu block that ran past its limit was slowed by other processes rather than by its own work: the
+    machine's busy CPU seconds over the block, less the candidate's own, make at least CONTENDED_CORES cores on average.
+    On 2 cores a build beside a block of 1,024 small OpenMP calls kept descheduling one of its threads, each parallel
+    region waited for it, and an honest ReLU planned at 6.4 ms ran past 5 s (CI, 2026-11-29). A candidate that spins
+    (cpu/exploit_72) is busy itself, one that sleeps leaves the machine idle: neither is given more."""
+    return wall_s > 0 and (busy_s - own_s) / wall_s >= CONTENDED_CORES
+
+
 PROBE_RATIO = 4.0  # timed calls this much faster than the probed ones, when the probe capped the blocks: refused
 
 

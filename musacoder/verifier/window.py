@@ -33,8 +33,10 @@ from musacoder.verifier.quiet import QuietGate
 from musacoder.verifier.stages import stage
 from musacoder.verifier.timing import (
     BLOCK_OVERRUN,
+    CONTENDED_GRACES,
     LEFT_RUNNING_MS,
     block_limit_s,
+    contended,
     faster_than_probed,
     held_in_plan,
     left_running,
@@ -276,8 +278,9 @@ class Window:
             subject, on_build = run.j._reference(), None
         left = run.left()
         limit = block_limit_s(self.calls, self.probed_cand) if arm == "cand" else None
+        grace = _Contention(run.cand.pid, limit) if limit is not None and self.j.device.type == "cpu" else None
         try:
-            got = subject.block(cmd, left, on_build, spin=self.j.device.type != "cpu", limit_s=limit)
+            got = subject.block(cmd, left, on_build, spin=self.j.device.type != "cpu", limit_s=limit, grace=grace)
         except WorkerTimeout:
             if limit is None or limit >= left:  # the run's own limit ended it: a timeout
                 raise
@@ -460,6 +463,43 @@ class Window:
             if not res.ok:
                 return f"timed call {whole} of round {round_}: {_leaf(leaf)}{res.reason}"
         return ""
+
+
+class _Contention:
+    """`grace()` for a candidate's cpu block (judge.Subject.block): its limit again, at most CONTENDED_GRACES times,
+    when other processes kept the machine busy while it ran (timing.contended)."""
+
+    def __init__(self, pid: int, limit_s: float):
+        self.pid, self.limit_s, self.left = pid, limit_s, CONTENDED_GRACES
+        self.t0, self.busy0, self.own0 = time.monotonic(), _busy_s(), _own_s(pid)
+
+    def __call__(self) -> float:
+        if self.left <= 0:
+            return 0.0
+        wall, busy, own = time.monotonic() - self.t0, _busy_s() - self.busy0, _own_s(self.pid) - self.own0
+        if not contended(busy, own, wall):
+            return 0.0
+        self.left -= 1
+        return self.limit_s
+
+
+def _busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all cores)."""
+    import psutil
+
+    t = psutil.cpu_times()  # guest time is inside user (Linux): not added again
+    return sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def _own_s(pid: int) -> float:
+    """CPU seconds a process (all its threads) has used; 0 once it is gone."""
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
 
 
 def _leaf(i: int) -> str:
