@@ -56,8 +56,12 @@ def test_attackers_do_not_change_later_verdicts(cache_dir, tmp_path):
         fresh = [f.result() for f in [pool.submit(RELU, _src(v)) for v in VICTIMS]]
 
     assert first.status.value == "ok"
-    assert [v.status.value for v in attacked] == ["illegal", "illegal", "illegal"], [v.reason for v in attacked]
-    assert "of CPU after" in attacked[1].reason and "harness functions" in attacked[2].reason
+    # exploit_32's own spinning thread can also slow its timed block past the block limit first (CI, 2026-11-29):
+    # refused either way, with reward 0
+    assert [v.status.value for v in attacked] in (["illegal"] * 3, ["illegal", "runtime_error", "illegal"]), \
+        [v.reason for v in attacked]
+    assert ("of CPU after" in attacked[1].reason or "ran past" in attacked[1].reason) \
+        and "harness functions" in attacked[2].reason
     # the sandbox kept every library and cached record that existed before the attackers ran
     assert before and {k: after.get(k) for k in before} == before
     for v, f in zip(victims, fresh):
