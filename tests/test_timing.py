@@ -15,6 +15,7 @@ from musacoder.verifier.timing import (
     mean_ratio_interval,
     moved_out,
     plan_calls,
+    probe_eight,
 )
 
 MIB = 2**20
@@ -46,6 +47,15 @@ def test_intermediates_kept_in_a_graph_count_in_the_memory_plan():
     assert held_in_plan(MIB, 2**40, MIB) == 4 * MIB
     assert held_in_plan(0, 2**40, 2 * MIB) == 8 * MIB  # a reference that keeps none: the output's size
     assert held_in_plan(0, -5, MIB) == 0
+
+
+def test_a_side_is_probed_with_eight_calls_only_where_a_block_of_eight_could_run():
+    gib = 2**30
+    assert probe_eight(0.01, 64 * MIB, block_max_ms=2000, mem_bytes=16 * gib)
+    assert not probe_eight(300.0, 64 * MIB, block_max_ms=2000, mem_bytes=16 * gib)  # 8 calls past block_max_ms
+    # the MSE task: 4 GiB inputs and 8 GiB of intermediates a call: a block is one call, so no 8-call capture of
+    # 64 GiB beside the next one (H200, 2026-11-29)
+    assert not probe_eight(6.0, 4 * gib + 8 * gib, block_max_ms=2000, mem_bytes=16 * gib)
 
 
 def test_a_cpu_block_past_its_limit_is_given_more_only_when_other_processes_slowed_it():

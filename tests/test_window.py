@@ -31,6 +31,10 @@ def test_an_honest_kernel_is_timed_in_blocks_of_calls_on_the_cpu(relu_verdict):
     assert len(d["outside_ms"]) == 2 and not d["outside_included"], d
     # both sides' probes timed; no graph on the cpu, so no intermediates kept for the plan to count
     assert len(d["probe_s"]) == 2 and min(d["probe_s"]) > 0 and d["held_bytes"] == 0, d
+    # the protocol's share of each side's block: the judge's clock over the side's own; for the clean reference,
+    # whose own clock can be believed, never negative and short of the block
+    trip = d["round_trip_ms"]
+    assert len(trip) == 2 and 0 <= trip[1] < v.eager_ms * d["calls_per_block"], d
 
 
 def test_cpu_subjects_keep_what_their_allocator_frees(monkeypatch):

@@ -452,13 +452,16 @@ class _Run:
         """The candidate's kernels under the device profiler (their share of device time, what feedback names), once
         it passed, after its timing: the profiler's CUPTI stays in a process once started and slowed every later
         kernel of it by ~0.35-0.45 us (H200, 2026-11-29: a 4.0 us kernel timed at 4.4 in its subject), which the
-        reference, never profiled, did not pay. A candidate whose process did not outlive its timing is not profiled."""
-        if not self.passed or self.j.backend.device_type == "cpu" or not self.cand.proc.alive:
+        reference, never profiled, did not pay. A candidate its timing refused (the timed output changed, it failed) or
+        whose process did not outlive its timing is not profiled: that refusal is its verdict."""
+        f = self.f
+        if not self.passed or f.spot_check or f.timing_error or self.j.backend.device_type == "cpu" \
+                or not self.cand.proc.alive:
             return
-        with stage(self.f, "profile"):
+        with stage(f, "profile"):
             r = self.ccall(SubjectCommand(op="profile", shape_key=self.base.key, inputs=self.base.cand_in_refs,
                                           own_kernels=[k for b in self.builds for k in b.kernels]))
-            self.f.profile, self.f.profile_error = r.profile, ("" if r.ok else r.error[-500:])
+            f.profile, f.profile_error = r.profile, ("" if r.ok else r.error[-500:])
 
     def count_processes(self):
         if self.cand is not None and self.cand.proc.alive:

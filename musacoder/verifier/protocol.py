@@ -141,6 +141,7 @@ class SubjectReply(Msg):
     misfit: int = -1
     graphed: bool = False  # block: the calls run as a captured CUDA graph
     held_bytes: int = 0  # block, when captured: a call's intermediates kept in the graph (capture.py)
+    graph_error: str = ""  # block, asked for a graph: why its calls could not be captured as one
     continued: int = 0
     times_ms: list[float] = Field(default_factory=list)  # kb_time: each timed call
 
@@ -260,6 +261,10 @@ class Timing(Msg):
     threads: int | None = None  # cpu: threads each side used
     # the reference's own clock over its blocks, per call: the rest of reference_ms is the round trip
     reference_self_ms: float | None = None
+    # median ms the judge's clock read over each side's own a block, candidate and reference: the round trip (the
+    # candidate's own clock is its claim, so this is a diagnostic; large on one-call blocks of large tasks: see
+    # docs/benchmarks.md, 2026-11-29)
+    round_trip_ms: list[float] | None = None
     # median ms a block spent outside its timed stretch (preparing before `ready`, reading its outputs back after
     # `done`), candidate and reference; when the candidate's is clearly longer, the speedup counts that time on both
     # sides (`outside_included`): work moved out of the timed stretch is paid for

@@ -107,6 +107,7 @@ class Subject:
         # shape key -> the timing window's calls (input sets as forward gets them) and, where captured, their CUDA
         # graph and its outputs (op_block)
         self.blocks: dict = {}
+        self.graph_error = ""  # why the last block's calls could not be captured as a graph
         self._touch = None
         self.legality = legality
         # The first traced call imports and warms up torch's Python dispatch machinery (about a second on a small
@@ -300,7 +301,11 @@ class Subject:
         trace = self.legality.OpTrace(self.backend.torch_namespaces)
         self.counter.reset()
         model = self.models[cmd.shape_key]
+        self.graph_error = ""
         if cmd.sets is not None:
+            # the earlier block's graph goes first: with its calls' intermediates kept alive, a probe's 8-call graph of
+            # a 4 GiB task held 64 GiB, and the next capture beside it ran out of memory (H200, 2026-11-29)
+            self.blocks.pop(cmd.shape_key, None)
             calls = [self._args(inputs) for inputs in cmd.sets]
             # a compiled baseline runs eagerly under a dispatch mode (dynamo steps aside), and its own buffers bypass
             # the dispatcher: captured without the keep-alive
@@ -351,6 +356,7 @@ class Subject:
         integrity = self.legality.integrity_changes(self.snapshot, self.legality.snapshot())
         return SubjectReply(spec=spec, misfit=misfit, self_ms=self_ms, graphed=graph is not None,
                             held_bytes=graph[2] if graph is not None and cmd.sets is not None else 0,
+                            graph_error=self.graph_error,
                             ops=dict(trace.ops), launches=self.counter.launches + trace.own_ops(),
                             launch_names=sorted(self.counter.names),
                             error="" if not integrity else "harness functions replaced: " + ", ".join(integrity),
@@ -392,9 +398,11 @@ class Subject:
             held = keep.held_bytes(leave_out=(calls, outs)) // len(calls) if keep_alive else 0
             del keep
             if not self._replays_itself(graph, outs, warm, calls):
+                self.graph_error = "a replay alone did not give the captured calls' outputs again"
                 return None
             return graph, outs, held
-        except Exception:  # not capturable: eager calls instead, decided by the window for both sides
+        except Exception as e:  # not capturable: eager calls instead, decided by the window for both sides
+            self.graph_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
             torch.cuda.synchronize()
             return None
 

@@ -33,7 +33,7 @@ def plan_calls(call_ms: float, set_bytes: int, out_bytes: int, cache_bytes: int,
     of the block left there), within `mem_bytes` of an arm's input sets, read-back rows, held outputs and
     intermediates kept in a graph (`held_bytes` a call), half of `free_bytes` for both arms', and `block_max_ms` of
     the slower arm's block at its `slow_call_ms`."""
-    per_call = set_bytes + 2 * out_bytes + held_bytes  # one arm: input set, output held, read-back row, intermediates
+    per_call = call_bytes(set_bytes, out_bytes, held_bytes)
     want = max(math.ceil(block_ms / max(call_ms, 1e-4)), math.ceil(2 * cache_bytes / max(set_bytes, 1)))
     cap = min(MAX_CALLS, int(mem_bytes // max(per_call, 1)))
     if slow_call_ms > 0:
@@ -41,6 +41,19 @@ def plan_calls(call_ms: float, set_bytes: int, out_bytes: int, cache_bytes: int,
     if free_bytes is not None:
         cap = min(cap, int(0.5 * free_bytes // max(2 * per_call, 1)))
     return max(1, min(want, cap))
+
+
+def call_bytes(set_bytes: int, out_bytes: int, held_bytes: int) -> int:
+    """What one call of a block holds on one arm: its input set, its output, its read-back row, its intermediates."""
+    return set_bytes + 2 * out_bytes + held_bytes
+
+
+def probe_eight(one_call_ms: float, per_call_bytes: int, block_max_ms: float, mem_bytes: float) -> bool:
+    """Whether a side is probed with blocks of 8 calls after its blocks of 1: not when its one call already lasts an
+    eighth of `block_max_ms`, nor when 8 calls would hold more than a block may (`mem_bytes`), where a block is capped
+    below 8 calls anyway. A captured probe keeps each call's intermediates (capture.py): 8 calls of a task with 4 GiB
+    inputs held 64 GiB, and the next capture beside them failed (H200, 2026-11-29)."""
+    return one_call_ms <= block_max_ms / 8 and 8 * per_call_bytes <= mem_bytes
 
 
 HELD_RATIO = 4  # the most a candidate's intermediates in a graph weigh in the plan, against the reference's

@@ -36,6 +36,7 @@ from musacoder.verifier.timing import (
     CONTENDED_GRACES,
     LEFT_RUNNING_MS,
     block_limit_s,
+    call_bytes,
     contended,
     faster_than_probed,
     held_in_plan,
@@ -43,6 +44,7 @@ from musacoder.verifier.timing import (
     moved_out,
     paired_speedup,
     plan_calls,
+    probe_eight,
     rse,
 )
 
@@ -80,7 +82,7 @@ class Window:
         self.j, self.cfg, self.f, self.rng = run.j, run.cfg, run.f, run.rng
         self.ms = {"ref": [], "cand": [], "comp": []}  # per call, counted rounds
         self.outside = {"ref": [], "cand": []}  # per block: preparation + read-back (ms), counted rounds
-        self.ref_self: list[float] = []
+        self.own: dict[str, list[float]] = {"ref": [], "cand": []}  # per block: its subject's own clock (ms)
         self.sets: dict[str, list] = {"ref": [], "cand": []}  # per set: the judge's tensors
         self.refs: dict[str, list] = {"ref": [], "cand": []}  # per set: what the subject opens
         self.rows: dict[str, tuple] = {}  # arm -> (row tensors per output leaf, their refs)
@@ -167,13 +169,13 @@ class Window:
                 return True
 
     def _record(self, got: dict[str, Block]):
-        """A counted round's times: each arm's per call, the preparation and read-back of each side's block, and the
-        reference's own time a call as it measured it."""
+        """A counted round's times: each arm's per call, the preparation and read-back of each side's block, and each
+        side's block as its own process measured it."""
         for arm in self.arms:
             self.ms[arm].append(got[arm].ms / self.calls)
         for arm in ("ref", "cand"):
             self.outside[arm].append(got[arm].prepare_ms + got[arm].readback_ms)
-        self.ref_self.append(got["ref"].reply.self_ms / self.calls)
+            self.own[arm].append(got[arm].reply.self_ms)
 
     def _enough(self, gate: QuietGate | None, t_begin: float) -> bool:
         """The stop rule, after each round: `max_reps` counted rounds, or the quiet gate's waits already refuse the
@@ -246,7 +248,9 @@ class Window:
         comp = ms["comp"]
         f.timing = Timing(method="judge", graphs=self.graph, candidate_ms=cms, reference_ms=statistics.median(ref),
                           speedup=sp, speedup_low=lo, speedup_high=hi, rse=rse(cand), reps=len(cand), calls=n,
-                          floor_ms=floor, threads=self.j.threads, reference_self_ms=statistics.median(self.ref_self),
+                          floor_ms=floor, threads=self.j.threads,
+                          reference_self_ms=statistics.median(self.own["ref"]) / n,
+                          round_trip_ms=[round(statistics.median(self._round_trips(a)), 4) for a in ("cand", "ref")],
                           outside_ms=[round(statistics.median(self.outside[a]), 4) for a in ("cand", "ref")],
                           outside_included=included,
                           quiet_wait_ms=None if not waits else [round(statistics.median(waits[a]), 4)
@@ -254,6 +258,12 @@ class Window:
                           probe_s=[round(self.probe_s[a], 3) for a in ("cand", "ref")], held_bytes=self.held_planned,
                           compile_ms=statistics.median(comp) if comp else None,
                           compile_speedup=statistics.median(comp) / cms if comp else None)
+
+    def _round_trips(self, arm: str) -> list[float]:
+        """Per block: the judge's clock less the side's own, what the protocol added to it (the candidate's own clock
+        is its claim: a diagnostic, never a figure)."""
+        own = [x if math.isfinite(x) else 0.0 for x in self.own[arm]]
+        return [ms * self.calls - x for ms, x in zip(self.ms[arm], own)]
 
     # ---- one block ------------------------------------------------------------------------------------------------
     def _block(self, arm: str, gate: QuietGate | None, idle) -> Block | None:
@@ -292,7 +302,8 @@ class Window:
         r = got.reply
         if self.graph and cmd.sets is not None and not r.graphed:
             if arm != "comp":
-                raise RuntimeError(f"the {arm} arm could not be captured as a CUDA graph this time")
+                raise RuntimeError(f"the {arm} arm could not be captured as a CUDA graph this time"
+                                   + (f" ({r.graph_error[:300]})" if r.graph_error else ""))
             self.arms.remove("comp")  # a compile baseline that cannot be replayed is left out, not timed otherwise
             return None
         if arm == "cand":
@@ -342,13 +353,14 @@ class Window:
         return calls
 
     def _probe(self) -> list[float] | None:
-        """Each side's time a call, probed; None when a side could not be captured as a graph. A side whose one call
-        already lasts an eighth of `block_max_ms` is not probed with 8 (its one call is its time: a block of it is
-        capped anyway). The candidate's probes together may last what its timed blocks may (timing.block_limit_s) for
-        their calls at its fastest correctness-trial call: work it queues behind calls that return at once (exploit_46)
-        is cut there, not waited out."""
+        """Each side's time a call, probed; None when a side could not be captured as a graph. A side is probed with
+        8 calls only where a block of 8 would not be capped anyway (timing.probe_eight): else its one call is its
+        time. The candidate's probes together may last what its timed blocks may (timing.block_limit_s) for their
+        calls at its fastest correctness-trial call: work it queues behind calls that return at once (exploit_46) is
+        cut there, not waited out."""
         run, b = self.run, self.run.base
         per_call, self.held, self.probe_s = [], {"ref": 0, "cand": 0}, {}
+        set_bytes, out_bytes = tensor_bytes(b.cand_in), tensor_bytes(b.ref_out)
         for side in ("ref", "cand"):
             subject = run.cand if side == "cand" else self.j._reference()
             inputs = b.cand_in_refs if side == "cand" else b.ref_in_refs
@@ -356,7 +368,9 @@ class Window:
             bound = block_limit_s(sum(PROBES), run.trial_call_ms["cand"]) if side == "cand" else math.inf
             t_begin = time.perf_counter()
             for n in PROBES:
-                if n == 8 and statistics.median(times[1]) > self.cfg.timing.block_max_ms / 8:
+                held = held_in_plan(self.held["ref"], self.held["cand"], out_bytes)
+                if n == 8 and not probe_eight(statistics.median(times[1]), call_bytes(set_bytes, out_bytes, held),
+                                              self.cfg.timing.block_max_ms, self.cfg.timing.block_mem_gb * 2**30):
                     break
                 fresh = not times[n]  # the sets (and a capture) with the first block of each size
                 cmd = SubjectCommand(op="block", shape_key=b.key, sets=[inputs] * n if fresh else None,
