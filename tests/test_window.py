@@ -35,6 +35,7 @@ def test_an_honest_kernel_is_timed_in_blocks_of_calls_on_the_cpu(relu_verdict):
     # whose own clock can be believed, never negative and short of the block
     trip = d["round_trip_ms"]
     assert len(trip) == 2 and 0 <= trip[1] < v.eager_ms * d["calls_per_block"], d
+    assert len(d["spares_starting"]) == 2 and d["spares_starting"][0] == 0, d  # the cpu settles them first
 
 
 def test_cpu_subjects_keep_what_their_allocator_frees(monkeypatch):

@@ -287,6 +287,10 @@ class Judge:
             for s in self.spares:
                 s._thread.join()
 
+    def spares_starting(self) -> int:
+        """Spare candidate processes still warming up (importing, creating their device context)."""
+        return sum(s._thread.is_alive() for s in self.spares)
+
     def _reference(self) -> Subject:
         if self.ref is None or not self.ref.proc.alive:
             if self.ref is not None:

@@ -262,6 +262,7 @@ def _apply_timing(v: Verdict, cfg, f: Facts) -> None:
     v.details.update(speedup_interval=[round(t.speedup_low, 4), round(t.speedup_high, 4)], timing_method=t.method,
                      graphs=t.graphs, calls_per_block=t.calls, timer_floor_ms=t.floor_ms, threads=t.threads,
                      reference_self_ms=t.reference_self_ms, round_trip_ms=t.round_trip_ms,
+                     spares_starting=t.spares_starting,
                      outside_ms=t.outside_ms,
                      outside_included=t.outside_included, quiet_wait_ms=t.quiet_wait_ms, probe_s=t.probe_s,
                      held_bytes=t.held_bytes)

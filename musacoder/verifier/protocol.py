@@ -265,6 +265,9 @@ class Timing(Msg):
     # candidate's own clock is its claim, so this is a diagnostic; large on one-call blocks of large tasks: see
     # docs/benchmarks.md, 2026-11-29)
     round_trip_ms: list[float] | None = None
+    # spare candidate processes still warming up when the window's rounds began and when they ended (a diagnostic of
+    # what ran beside the window: settle() waits for them on the cpu only)
+    spares_starting: list[int] | None = None
     # median ms a block spent outside its timed stretch (preparing before `ready`, reading its outputs back after
     # `done`), candidate and reference; when the candidate's is clearly longer, the speedup counts that time on both
     # sides (`outside_included`): work moved out of the timed stretch is paid for

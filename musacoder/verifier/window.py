@@ -92,6 +92,7 @@ class Window:
         self.held: dict[str, int] = {"ref": 0, "cand": 0}
         self.probe_s: dict[str, float] = {}
         self.held_planned = 0
+        self.spares: list[int] = []  # spares still starting when the rounds began and ended (judge.spares_starting)
 
     # ---- the window -------------------------------------------------------------------------------------------------
     def go(self) -> bool:
@@ -115,6 +116,7 @@ class Window:
         with stage(f, "timing_allocate"):
             self._allocate()
         idle = run.idle_cpu()
+        self.spares = [self.j.spares_starting()]
         gate = QuietGate(run.cand.pid, self.j.device, backend.synchronize) if self.j.device.type != "cpu" else None
         try:
             if not self._rounds(gate, idle):
@@ -128,6 +130,7 @@ class Window:
             if gate is not None:
                 gate.resume()
         idle.stop()
+        self.spares.append(self.j.spares_starting())
         if self._stopped_meanwhile(continued):
             return False
         if gate is not None and self._busy_after_blocks(gate) and not self.alone:
@@ -251,6 +254,7 @@ class Window:
                           floor_ms=floor, threads=self.j.threads,
                           reference_self_ms=statistics.median(self.own["ref"]) / n,
                           round_trip_ms=[round(statistics.median(self._round_trips(a)), 4) for a in ("cand", "ref")],
+                          spares_starting=self.spares,
                           outside_ms=[round(statistics.median(self.outside[a]), 4) for a in ("cand", "ref")],
                           outside_included=included,
                           quiet_wait_ms=None if not waits else [round(statistics.median(waits[a]), 4)
