@@ -19,6 +19,17 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds a process has used, all its threads, those that exited too (clock ticks); 0 once it is gone."""
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
+
+
 def descendants(pid: int) -> list[int]:
     """All live descendants of a process (Linux /proc; empty elsewhere)."""
     out, todo = [], [pid]

@@ -26,7 +26,14 @@ import torch
 
 from musacoder.config import VerifyConfig
 from musacoder.proc import scratch
-from musacoder.proc.process import WorkerDied, WorkerProcess, WorkerTimeout, descendants, usable_cores
+from musacoder.proc.process import (
+    WorkerDied,
+    WorkerProcess,
+    WorkerTimeout,
+    cpu_seconds,
+    descendants,
+    usable_cores,
+)
 from musacoder.proc.zygote import ForkedWorker
 from musacoder.verifier import buffers, legality, quiet
 from musacoder.verifier.buffers import DTYPE_NAMES
@@ -406,8 +413,9 @@ class _Run:
             if again:
                 with stopped_while_waiting(pid, lock.exclusive("retime_wait")), stage(f, "retime"):
                     self.time_ab(alone=True)
-        with lock.shared():
-            self.profile()
+        if self.to_profile():
+            with lock.shared():
+                self.profile()
         # what it ran while timed and profiled counts as much as what it ran in its trials
         f.illegal_ops = legality.OpTrace.illegal_names(f.ops, self.j.backend.torch_namespaces)
         self.count_processes()
@@ -452,16 +460,18 @@ class _Run:
         self.passed = all(t.passed for t in f.trials) and self.base is not None
         return self.passed and cfg.timing_enabled and f.launches > 0
 
-    def profile(self):
-        """The candidate's kernels under the device profiler (their share of device time, what feedback names), once
-        it passed, after its timing: the profiler's CUPTI stays in a process once started and slowed every later
-        kernel of it by ~0.35-0.45 us (H200, 2026-11-29: a 4.0 us kernel timed at 4.4 in its subject), which the
-        reference, never profiled, did not pay. A candidate its timing refused (the timed output changed, it failed) or
-        whose process did not outlive its timing is not profiled: that refusal is its verdict."""
+    def to_profile(self) -> bool:
+        """Whether the candidate's kernels go under the device profiler (their share of device time, what feedback
+        names): once it passed, after its timing, since the profiler's CUPTI stays in a process once started and slowed
+        every later kernel of it by ~0.35-0.45 us (H200, 2026-11-29: a 4.0 us kernel timed at 4.4 in its subject),
+        which the reference, never profiled, did not pay. A candidate its timing refused (the timed output changed, it
+        failed) or whose process did not outlive its timing is not profiled: that refusal is its verdict."""
         f = self.f
-        if not self.passed or f.spot_check or f.timing_error or self.j.backend.device_type == "cpu" \
-                or not self.cand.proc.alive:
-            return
+        return (self.passed and not f.spot_check and not f.timing_error and self.j.backend.device_type != "cpu"
+                and self.cand.proc.alive)
+
+    def profile(self):
+        f = self.f
         with stage(f, "profile"):
             r = self.ccall(SubjectCommand(op="profile", shape_key=self.base.key, inputs=self.base.cand_in_refs,
                                           own_kernels=[k for b in self.builds for k in b.kernels]))
@@ -951,18 +961,16 @@ class _IdleCpu:
     def _read(self) -> tuple[dict[str, int], float]:
         threads = {}
         try:
-            for tid in os.listdir(f"/proc/{self.pid}/task"):
-                try:
-                    with open(f"/proc/{self.pid}/task/{tid}/schedstat") as f:
-                        threads[tid] = int(f.read().split()[0])
-                except OSError:
-                    pass
-            import psutil
-
-            t = psutil.Process(self.pid).cpu_times()
-            return threads, t.user + t.system
-        except Exception:  # gone, or no /proc: nothing to measure
-            return threads, 0.0
+            tids = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:  # gone, or no /proc: nothing to measure
+            tids = []
+        for tid in tids:
+            try:
+                with open(f"/proc/{self.pid}/task/{tid}/schedstat") as f:
+                    threads[tid] = int(f.read().split()[0])
+            except OSError:
+                pass
+        return threads, cpu_seconds(self.pid)
 
     def start(self):
         self._t0 = self._read()

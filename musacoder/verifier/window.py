@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from musacoder.proc.process import WorkerDied, WorkerTimeout
+from musacoder.proc.process import WorkerDied, WorkerTimeout, cpu_seconds
 from musacoder.verifier import buffers
 from musacoder.verifier.correctness import compare
 from musacoder.verifier.inputs import Shape, fill_inputs, raw_inputs, tensor_bytes
@@ -489,12 +489,12 @@ class _Contention:
 
     def __init__(self, pid: int, limit_s: float):
         self.pid, self.limit_s, self.left = pid, limit_s, CONTENDED_GRACES
-        self.t0, self.busy0, self.own0 = time.monotonic(), _busy_s(), _own_s(pid)
+        self.t0, self.busy0, self.own0 = time.monotonic(), _busy_s(), cpu_seconds(pid)
 
     def __call__(self) -> float:
         if self.left <= 0:
             return 0.0
-        wall, busy, own = time.monotonic() - self.t0, _busy_s() - self.busy0, _own_s(self.pid) - self.own0
+        wall, busy, own = time.monotonic() - self.t0, _busy_s() - self.busy0, cpu_seconds(self.pid) - self.own0
         if not contended(busy, own, wall):
             return 0.0
         self.left -= 1
@@ -507,17 +507,6 @@ def _busy_s() -> float:
 
     t = psutil.cpu_times()  # guest time is inside user (Linux): not added again
     return sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
-
-
-def _own_s(pid: int) -> float:
-    """CPU seconds a process (all its threads) has used; 0 once it is gone."""
-    import psutil
-
-    try:
-        t = psutil.Process(pid).cpu_times()
-        return t.user + t.system
-    except psutil.Error:
-        return 0.0
 
 
 def _leaf(i: int) -> str:
