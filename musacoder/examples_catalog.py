@@ -43,8 +43,13 @@ class Example:
 
     @property
     def accepted(self) -> tuple[str, ...]:
-        """The statuses that match `expect`: a timed exploit (`ok_timed`) is caught or not depending on timing."""
-        return ("ok", "incorrect") if self.expect == "ok_timed" else (self.expect,)
+        """The statuses that match `expect`: a timed exploit (`ok_timed`) is caught or not depending on timing; "a|b"
+        where two refusals race (which of two rules sees it first)."""
+        return ("ok", "incorrect") if self.expect == "ok_timed" else tuple(self.expect.split("|"))
+
+    def reason_matches(self, reason: str) -> bool:
+        """Whether a verdict's reason says what `reason` does (one of "a|b")."""
+        return any(part.lower() in reason.lower() for part in self.reason.split("|"))
 
 
 def load_catalog(backend: str | None = None) -> list[Example]:
