@@ -240,10 +240,10 @@ def _verify(rows: list[dict], tasks: list, backend: str, cache: str, method: str
                            "interval": v.details.get("speedup_interval"), "candidate_ms": v.candidate_ms,
                            "reference_ms": v.eager_ms, **{k: v.details.get(k) for k in (
                                "calls_per_block", "graphs", "timer_floor_ms", "reference_self_ms", "outside_ms",
-                               "outside_included", "probe_s", "held_bytes")},
+                               "outside_included", "probe_s", "held_bytes", "round_trip_ms", "spares_starting")},
                            "seconds": v.stage_seconds.get("total")}
             log(f"verified {i + 1}/{len(rows)} ({method}): {row['family']} {row['sizes']}: {v.status.value} "
-                f"{v.speedup_eager}")
+                f"{v.speedup_eager} (round trip a block, candidate and reference: {v.details.get('round_trip_ms')} ms)")
 
 
 def _truth(rows: list[dict], backend: str, cache: str):
