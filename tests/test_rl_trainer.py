@@ -267,6 +267,22 @@ def test_shipped_configs_load_and_their_warm_start_data_resolve(name):
     assert any(not r["metadata"]["honest"] for r in records)  # and cheats to unlearn
 
 
+def test_the_pretrained_rl_config_and_its_ablations_load():
+    """configs/rl-smollm2.yaml and the three switches scripts/issue44_gpu.sh turns off, as a user types them (YAML
+    reads a bare `off` as false: taken as MirrorPop's "off")."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "configs" / "rl-smollm2.yaml"
+    base = RLConfig.from_yaml(path)
+    assert base.warm_start is None and base.max_turns >= 2 and not base.verify.timing_enabled
+    assert (base.primeecho.enabled, base.bdr.enabled, base.mirrorpop.mode) == (True, True, "mirror")
+    assert not RLConfig.from_yaml(path, ["primeecho.enabled=false"]).primeecho.enabled
+    assert not RLConfig.from_yaml(path, ["bdr.enabled=false"]).bdr.enabled
+    assert RLConfig.from_yaml(path, ["mirrorpop.mode=off"]).mirrorpop.mode == "off"
+    with pytest.raises(ValueError, match="mirror, signed or off"):
+        RLConfig.from_yaml(path, ["mirrorpop.mode=on"])
+
+
 def test_hf_engine_hands_over_each_answer_as_it_ends(tiny_policy):
     """Early-ending rows (a wide end-of-sequence set makes a random model end at different steps) reach `on_text`
     once each, during generation, with exactly the text of the final sample; the others at their batch's end."""

@@ -26,11 +26,13 @@ class PrimeEchoSettings(Settings):
 class MirrorPopSettings(Settings):
     # mirror: drop when mean |log rho| > delta; signed: drop when |mean log rho| > delta (the filter it replaces);
     # off: drop nothing. All three log both statistics, so runs can be compared.
-    mode: str = "mirror"
+    mode: str | bool = "mirror"  # a bool only as YAML reads a bare `off` (false): taken as "off"
     delta: NonNegative = 0.1  # not published; a sampler in step with the trainer stays near 0
 
     def __post_init__(self):
         super().__post_init__()
+        if self.mode is False:
+            self.mode = "off"
         if self.mode not in ("mirror", "signed", "off"):
             raise ValueError(f"mirrorpop.mode must be mirror, signed or off, not {self.mode!r}")
 
