@@ -25,5 +25,5 @@ tasks = select_tasks(sys.argv[1], levels="1", ids=",".join(map(str, range(19, 33
 open("kb_l1_19_32.jsonl", "w").write("".join(json.dumps({"name": t.name, "level": t.level, "problem_id": t.problem_id,
                                                           "code": t.code}) + "\n" for t in tasks))
 EOF
-cp "$KB" kernelbench.jsonl
+[ "$KB" -ef kernelbench.jsonl ] || cp "$KB" kernelbench.jsonl
 $M synth twins --train train.jsonl --eval eval.jsonl --eval kb_l1_19_32.jsonl --out twins
