@@ -48,6 +48,9 @@ if want solve && ! done_ solve; then
   CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${G[*]}") $M synth solve --tasks "$DATA/train.jsonl" --out "$WORK/solve" \
     --backend "$BACKEND" --workers "$SOLVE_WORKERS" --set timing_enabled=false --set "devices=$devs" \
     > "$WORK/logs/solve.log" 2>&1 && mark solve
+  # the training set's data card: its counts, pass rates, drops and the eval twins it holds (none, by the split)
+  $M synth card "$DATA/train.jsonl" "$WORK/solve" --out "$WORK/card" --eval "$DATA/eval.jsonl" \
+    --eval "$DATA/kb_l1_19_32.jsonl" > "$WORK/logs/card.log" 2>&1 || log "card failed: $(tail -c 300 "$WORK/logs/card.log")"
 fi
 
 # the baselines need no SFT model: they run beside it on the other GPUs
