@@ -7,21 +7,25 @@
 # by running it again; arms run side by side, one GPU each, where there are several.
 #   scripts/issue44_gpu.sh DATA WORK GGUF [STEP...]      STEP: setup solve sft bench rl rlbench report (default: all)
 # Knobs (environment): GPUS (default: all visible), SAMPLES (8), RL_STEPS (20), SOLVE_WORKERS (16), SFT_EPOCHS (3),
-# BACKEND (triton; the answers' language throughout: the teacher's, the benches', RL's).
+# BACKEND (triton; the answers' language throughout: the teacher's, the benches', RL's), MAX_TOKENS (1536), and
+# SFT_SET, RL_SET: further KEY=VALUE settings, space-separated (a dry run on the cpu: BACKEND=cpu, small ones).
 set -euo pipefail
 DATA=$(realpath "$1"); mkdir -p "$2"; WORK=$(realpath "$2"); GGUF=$(realpath "$3"); shift 3
 STEPS=${*:-setup solve sft bench rl rlbench report}
 M=${MUSACODER:-musacoder}
-NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
+NGPU=$(python -c "import torch; print(max(torch.cuda.device_count(), 1))")  # the cpu: one "GPU" slot, unused
 read -r -a G <<< "${GPUS:-$(seq -s ' ' 0 $((NGPU - 1)))}"
-BACKEND=${BACKEND:-triton}; SAMPLES=${SAMPLES:-8}; RL_STEPS=${RL_STEPS:-20}; SOLVE_WORKERS=${SOLVE_WORKERS:-16}; SFT_EPOCHS=${SFT_EPOCHS:-3}
+BACKEND=${BACKEND:-triton}; MAX_TOKENS=${MAX_TOKENS:-1536}; SAMPLES=${SAMPLES:-8}; RL_STEPS=${RL_STEPS:-20}; SOLVE_WORKERS=${SOLVE_WORKERS:-16}; SFT_EPOCHS=${SFT_EPOCHS:-3}
+SFT_ARGS=(); for kv in ${SFT_SET:-}; do SFT_ARGS+=(--set "$kv"); done
+RL_ARGS=(); for kv in ${RL_SET:-}; do RL_ARGS+=(--set "$kv"); done
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$WORK/done" "$WORK/logs"
 log() { echo "[$(date +%T)] $*"; }
 done_() { [ -e "$WORK/done/$1" ]; }
 mark() { touch "$WORK/done/$1"; log "done: $1"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-judges() { python -c "print('[' + ', '.join(['0'] * $1) + ']')"; }  # judges on the one GPU a process sees
+# judges on the GPUs (`verify.devices`); none to name on the cpu
+judges() { [ "$BACKEND" = cpu ] || echo "--set devices=$(python -c "print([int(d) for d in '$1'.split()])")"; }
 
 # the eval sets a learning claim is read on: the held-out families and KernelBench level 1 19-32, each split into the
 # tasks with a training twin (the same computation or program) and without (synth twins), the empty ones left out
@@ -33,8 +37,8 @@ bench() {
   for set in "${SETS[@]}"; do
     done_ "bench-$name-$set" && continue
     CUDA_VISIBLE_DEVICES=$gpu $M bench run --tasks "$DATA/twins/$set.jsonl" --levels all --backend "$BACKEND" --profile strict \
-      --no-timing --model "$model" --samples "$SAMPLES" --temperature 0.7 --max-tokens 1536 \
-      --out "$WORK/bench/$name/$set" --set "devices=$(judges 4)" > "$WORK/logs/bench-$name-$set.log" 2>&1 \
+      --no-timing --model "$model" --samples "$SAMPLES" --temperature 0.7 --max-tokens "$MAX_TOKENS" \
+      --out "$WORK/bench/$name/$set" $(judges "0 0 0 0") > "$WORK/logs/bench-$name-$set.log" 2>&1 \
       && mark "bench-$name-$set" || log "bench $name $set failed: $(tail -c 400 "$WORK/logs/bench-$name-$set.log")"
   done
 }
@@ -44,9 +48,9 @@ if want setup && ! done_ setup; then
 fi
 
 if want solve && ! done_ solve; then
-  devs=$(python -c "print('[' + ', '.join(str(g) for g in '${G[*]}'.split() for _ in range(6)) + ']')")
+  devs=$(for i in "${!G[@]}"; do printf '%s ' $i $i $i $i $i $i; done)  # six judges a GPU, as numbered once visible
   CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${G[*]}") $M synth solve --tasks "$DATA/train.jsonl" --out "$WORK/solve" \
-    --backend "$BACKEND" --workers "$SOLVE_WORKERS" --set timing_enabled=false --set "devices=$devs" \
+    --backend "$BACKEND" --workers "$SOLVE_WORKERS" --set timing_enabled=false $(judges "$devs") \
     > "$WORK/logs/solve.log" 2>&1 && mark solve
   # the training set's data card: its counts, pass rates, drops and the eval twins it holds (none, by the split)
   $M synth card "$DATA/train.jsonl" "$WORK/solve" --out "$WORK/card" --eval "$DATA/eval.jsonl" \
@@ -60,7 +64,7 @@ if want bench || want sft; then
     CUDA_VISIBLE_DEVICES=${G[0]} $M sft --config configs/sft-smollm2-synth.yaml \
       --set "data=[{path: $WORK/solve/sft.jsonl}]" --set "model=$WORK/smollm2" --set "output_dir=$WORK/sft" \
       --set "eval_sets=[builtin, $DATA/eval.jsonl, $DATA/kernelbench.jsonl]" --set "num_train_epochs=$SFT_EPOCHS" \
-      > "$WORK/logs/sft.log" 2>&1 && mark sft &
+      "${SFT_ARGS[@]}" > "$WORK/logs/sft.log" 2>&1 && mark sft &
     pids+=($!)
   fi
   if want bench; then
@@ -69,7 +73,7 @@ if want bench || want sft; then
     bench base-4shot "fewshot:4:$WORK/solve/sft.jsonl:hf:$WORK/smollm2" "${G[$((2 % n))]}" & pids+=($!)
   fi
   wait "${pids[@]}"
-  want bench && done_ sft && bench sft "hf:$WORK/sft" "${G[0]}"
+  want bench && done_ sft && bench sft "hf:$WORK/sft/final" "${G[0]}"
 fi
 
 # RL arms from the SFT model, one GPU each (round robin where there are fewer GPUs than arms)
@@ -79,10 +83,10 @@ if want rl && done_ sft; then
   for arm in "${ARMS[@]}"; do
     name=${arm%%:*}; set=${arm#*:}; gpu=${G[$((i % ${#G[@]}))]}; i=$((i + 1))
     done_ "rl-$name" && continue
-    CUDA_VISIBLE_DEVICES=$gpu $M rl --config configs/rl-smollm2.yaml --set "model=$WORK/sft" \
+    CUDA_VISIBLE_DEVICES=$gpu $M rl --config configs/rl-smollm2.yaml --set "model=$WORK/sft/final" \
       --set "tasks=$DATA/train.jsonl" --set "output_dir=$WORK/rl/$name" --set "max_steps=$RL_STEPS" \
-      --set "backend=$BACKEND" \
-      ${set:+--set "$set"} > "$WORK/logs/rl-$name.log" 2>&1 && mark "rl-$name" &
+      --set "backend=$BACKEND" --set "max_new_tokens=$MAX_TOKENS" ${set:+--set "$set"} "${RL_ARGS[@]}" \
+      > "$WORK/logs/rl-$name.log" 2>&1 && mark "rl-$name" &
     pids+=($!)
     if [ $((i % ${#G[@]})) -eq 0 ]; then wait "${pids[@]}"; pids=(); fi
   done
@@ -93,7 +97,7 @@ if want rlbench; then
   i=0; pids=()
   for arm in "${ARMS[@]}"; do
     name=${arm%%:*}; gpu=${G[$((i % ${#G[@]}))]}; i=$((i + 1))
-    done_ "rl-$name" && { bench "rl-$name" "hf:$WORK/rl/$name" "$gpu" & pids+=($!); }
+    done_ "rl-$name" && { bench "rl-$name" "hf:$WORK/rl/$name/final" "$gpu" & pids+=($!); }
     if [ $((i % ${#G[@]})) -eq 0 ] && [ ${#pids[@]} -gt 0 ]; then wait "${pids[@]}"; pids=(); fi
   done
   [ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"

@@ -242,3 +242,19 @@ def test_hf_client_through_the_runner(tiny_checkpoint, tmp_path, cache_dir):
     assert len(rows) == 3 and all(r.verdict and 0 < r.completion_tokens <= 8 and r.prompt_tokens > 300 for r in rows)
     assert m["unfinished"] == 0 and m["overall"]["samples"] == 3 and m["overall"]["pass_at_k"]["3"] == 0.0
     assert m["tokens"]["completion"] == sum(r.completion_tokens for r in rows)
+
+
+def test_a_model_directory_without_a_model_says_where_the_model_is(tmp_path):
+    """`hf:RUN` given a training run's output directory: an `error:` naming RUN/final, not transformers' message about
+    tokenizer libraries (the first dry run of scripts/issue44_gpu.sh, 2026-11-29)."""
+    from musacoder.bench.clients.hf import model_dir
+
+    (tmp_path / "final").mkdir()
+    with pytest.raises(ValueError, match="holds no model") as e:
+        model_dir(str(tmp_path))
+    assert "the run's model" not in str(e.value)  # no model in final/ either: no hint
+    (tmp_path / "final" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=f"the run's model is in {tmp_path / 'final'}"):
+        model_dir(str(tmp_path))
+    assert model_dir(str(tmp_path / "final")) == str(tmp_path / "final")
+    assert model_dir("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"  # a hub id: not checked here

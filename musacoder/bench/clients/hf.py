@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
+from pathlib import Path
 
 import torch
 
@@ -20,11 +21,24 @@ class HFConfig:
     dtype: str = "auto"  # the checkpoint's own dtype
 
 
+def model_dir(path: str) -> str:
+    """`path` checked where it is a local directory: one without a model (a training run's output directory, whose
+    model is in final/) would otherwise fail in transformers with a message about tokenizer libraries."""
+    p = Path(path)
+    if p.is_dir() and not (p / "config.json").exists():
+        final = p / "final"
+        hint = f"; the run's model is in {final}" if (final / "config.json").exists() else ""
+        raise ValueError(f"{path} holds no model (no config.json){hint}")
+    return path
+
+
 class HFClient(Client):
     local = True
+
     def __init__(self, path: str, config: HFConfig | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        path = model_dir(path)
         self.cfg = config or HFConfig()
         self.model_id = str(path)
         device = self.cfg.device if self.cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

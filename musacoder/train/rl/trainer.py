@@ -265,11 +265,13 @@ def build_trainer(cfg: RLConfig):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from musacoder.bench.clients.hf import model_dir
+
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     backend = resolve(cfg.backend)
     tasks = _tasks(cfg)
-    model_path = cfg.model or warm_start(cfg, tasks, backend)
+    model_path = model_dir(cfg.model) if cfg.model else warm_start(cfg, tasks, backend)
     tok = AutoTokenizer.from_pretrained(model_path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
