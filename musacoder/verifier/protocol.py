@@ -262,7 +262,7 @@ class Timing(Msg):
     # the reference's own clock over its blocks, per call: the rest of reference_ms is the round trip
     reference_self_ms: float | None = None
     # median ms the judge's clock read over each side's own a block, candidate and reference: the round trip (the
-    # candidate's own clock is its claim, so this is a diagnostic; large on one-call blocks of large tasks: see
+    # candidate's own clock is its claim, so this is a diagnostic; it grew by 1.4-3.5 ms in some windows of an H200:
     # docs/benchmarks.md, 2026-11-29)
     round_trip_ms: list[float] | None = None
     # spare candidate processes still warming up when the window's rounds began and when they ended (a diagnostic of
