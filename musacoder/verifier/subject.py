@@ -402,7 +402,8 @@ class Subject:
                 return None
             return graph, outs, held
         except Exception as e:  # not capturable: eager calls instead, decided by the window for both sides
-            self.graph_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            first = (str(e).strip().splitlines() or [""])[0]
+            self.graph_error = f"{type(e).__name__}: {first[:300]}"
             torch.cuda.synchronize()
             return None
 
