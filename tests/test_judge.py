@@ -83,6 +83,9 @@ def _config(cache_dir) -> VerifyConfig:
     cfg.correctness.seeds = 2  # 2 seeds + sign + x8 + 2 shape variants + the ragged one + 3 small ones: 10 trials
     cfg.timing.baselines = ("eager",)
     cfg.timing.warmup, cfg.timing.min_reps, cfg.timing.max_reps = 1, 2, 2
+    # one call a block at the memory test's size, as it means to measure: a noisy probe on a busy 2-core machine once
+    # planned more, whose input sets then counted in the peak (13.1x, CI 2026-11-29)
+    cfg.timing.block_mem_gb = 1.0
     return cfg
 
 
@@ -110,7 +113,8 @@ def test_judge_peak_memory_is_a_few_tensor_sizes(judge, cache_dir):
     # output buffers (4), one input-sized temporary (the task's fresh tensors, or the copy kept for the in-place
     # check), comparison slices; a timing window of one call a block reuses them: 4.1-4.4x seen with one input copy;
     # before: 13.0x at 192 MiB
-    assert peak < 6 * mib * MIB, f"judge peak {peak / MIB:.0f} MiB = {peak / (mib * MIB):.2f}x the input"
+    assert peak < 6 * mib * MIB, (f"judge peak {peak / MIB:.0f} MiB = {peak / (mib * MIB):.2f}x the input, "
+                                  f"{facts.timing.calls} calls a block")
 
 
 def test_raising_on_the_determinism_rerun_fails_the_trial(judge, cache_dir):
