@@ -25,7 +25,7 @@ done_() { [ -e "$WORK/done/$1" ]; }
 mark() { touch "$WORK/done/$1"; log "done: $1"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 # judges on the GPUs (`verify.devices`); none to name on the cpu
-judges() { [ "$BACKEND" = cpu ] || echo "--set devices=$(python -c "print([int(d) for d in '$1'.split()])")"; }
+judges() { [ "$BACKEND" = cpu ] || echo "--set devices=[$(echo $1 | tr ' ' ,)]"; }
 
 # the eval sets a learning claim is read on: the held-out families and KernelBench level 1 19-32, each split into the
 # tasks with a training twin (the same computation or program) and without (synth twins), the empty ones left out
@@ -69,8 +69,11 @@ if want bench || want sft; then
   fi
   if want bench; then
     n=${#G[@]}
-    bench retrieval "retrieval:$WORK/solve/sft.jsonl" "${G[$((1 % n))]}" & pids+=($!)
-    bench base-4shot "fewshot:4:$WORK/solve/sft.jsonl:hf:$WORK/smollm2" "${G[$((2 % n))]}" & pids+=($!)
+    retrieval() { bench retrieval "retrieval:$WORK/solve/sft.jsonl" "${G[$((1 % n))]}"; }
+    fewshot() { bench base-4shot "fewshot:4:$WORK/solve/sft.jsonl:hf:$WORK/smollm2" "${G[$((2 % n))]}"; }
+    # two benches on one GPU ran out of its memory on KernelBench's 6 GiB tensors (H200, 2026-11-29): one at a time
+    # where they would share one
+    if [ "$n" -ge 3 ]; then retrieval & pids+=($!); fewshot & pids+=($!); else { retrieval; fewshot; } & pids+=($!); fi
   fi
   wait "${pids[@]}"
   want bench && done_ sft && bench sft "hf:$WORK/sft/final" "${G[0]}"

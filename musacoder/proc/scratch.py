@@ -35,3 +35,14 @@ def sweep(pid: int) -> None:
     for root in {shm_root(), Path(tempfile.gettempdir())}:
         for d in root.glob(f"musacoder-*-{pid}-*"):
             remove_dir(d)
+
+
+def write_beside(path: str, data: bytes | str) -> str:
+    """Write `data` to `path` through a temporary file in the same directory, so readers never see a partial file.
+    Renaming within one directory is something a sandbox without Landlock's "refer" right may still do (ABI 1 cannot
+    grant it: a rename into another directory fails with EXDEV there)."""
+    tmp = f"{path}.tmp.pid_{os.getpid()}_{secrets.token_hex(8)}"
+    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return path

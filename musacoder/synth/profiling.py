@@ -357,7 +357,7 @@ def _run(task: Task, code: str, cfg: VerifyConfig, cmd: ProfileCommand, timeout_
     from musacoder.backends import get_backend
     from musacoder.proc.process import WorkerDied, WorkerProcess, WorkerTimeout
     from musacoder.verifier.build import Builder
-    from musacoder.verifier.judge import steady_malloc
+    from musacoder.verifier.judge import private_env, steady_malloc
     from musacoder.verifier.protocol import BuildRequest, ProfileCommand, ProfileReply
 
     backend = get_backend(cfg.backend)
@@ -365,8 +365,7 @@ def _run(task: Task, code: str, cfg: VerifyConfig, cmd: ProfileCommand, timeout_
     private = Path(tempfile.mkdtemp(prefix="musacoder-profile-"))
     # the environment of the verifier's subjects, so the profile is taken as MooreEval's times were
     # (the private directory in the environment, not argv, which every process can read)
-    env = {"MUSACODER_PRIVATE": str(private), "TMPDIR": str(private), "TRITON_CACHE_DIR": str(private / "triton"),
-           "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"), "OMP_WAIT_POLICY": "PASSIVE"}
+    env = private_env(private)
     if backend.device_type == "cpu":
         env.update(steady_malloc())
         if cfg.worker_mem_gb > 0:

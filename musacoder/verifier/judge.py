@@ -88,6 +88,15 @@ def steady_malloc() -> dict:
     return {"GLIBC_TUNABLES": f"{own}:{steady}" if own else steady}
 
 
+def private_env(private: Path) -> dict:
+    """A sandboxed subject's environment: its private directory (there, not in argv, which every process can read)
+    and the caches that write into it. Triton's cache is one that writes files in place (backends/triton_cache.py):
+    its own renames across directories, which Landlock ABI 1 refuses."""
+    return {"MUSACODER_PRIVATE": str(private), "TMPDIR": str(private), "TRITON_CACHE_DIR": str(private / "triton"),
+            "TRITON_CACHE_MANAGER": "musacoder.backends.triton_cache:BesideCacheManager",
+            "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"), "OMP_WAIT_POLICY": "PASSIVE"}
+
+
 @dataclass
 class TrialBuffers:
     """The judge's buffers of one trial shape, allocated once and refilled by each trial of it; the base trial's are
@@ -116,9 +125,7 @@ class Subject:
         ipc = buffers.device_ipc(backend.device_type)
         self.private = scratch.new_dir(role, shared_memory=not ipc)
         # the private directory goes in the environment, not argv: argv is readable to every process (cmdline)
-        env = {"MUSACODER_PRIVATE": str(self.private), "TMPDIR": str(self.private),
-               "TRITON_CACHE_DIR": str(self.private / "triton"),
-               "TORCHINDUCTOR_CACHE_DIR": str(self.private / "inductor"), "OMP_WAIT_POLICY": "PASSIVE"}
+        env = private_env(self.private)
         if backend.device_type == "cpu":
             env.update(steady_malloc())
         if threads:

@@ -67,7 +67,7 @@ def restrict_writes(private_dir: str, also: list[str] = ()) -> str:
         except Exception:
             pass
     rs.apply()
-    scopes = _scope_signals_and_sockets(abi)
+    scopes = _scope_signals_and_sockets(abi, [private_dir, *also])
     caps = drop_capabilities()
     return (f"landlock abi {abi}: writes only to its private directory" + "".join(f" and {d}" for d in also)
             + f"; cannot list {shm_root()}; cannot trace processes outside its sandbox; {scopes}; {caps}")
@@ -83,19 +83,30 @@ class _ScopedRulesetAttr(ctypes.Structure):
                 ("scoped", ctypes.c_uint64)]
 
 
-def _scope_signals_and_sockets(abi: int) -> str:
-    """A second Landlock layer that handles no file or network access, only scopes: no signal and no connection to
-    an abstract unix socket leaves the sandbox (its own processes are inside it)."""
+def _scope_signals_and_sockets(abi: int, writable: list[str]) -> str:
+    """A second Landlock layer: no signal and no connection to an abstract unix socket leaves the sandbox (its own
+    processes are inside it). Moving a file into another directory ("refer") is refused by every layer that does not
+    grant it, whatever the layer handles, so this one grants it beneath the directories the first lets it write:
+    without that, Triton's cache (a file written in a subdirectory, renamed up) failed with EXDEV."""
     if abi < 6:
         return f"signals not scoped (landlock abi {abi} < 6: kernel before 6.12)"
+    from landlock.plumbing import FSAccess, PathBeneathAttr, get_add_rule
+
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    attr = _ScopedRulesetAttr(0, 0, _SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET)
+    attr = _ScopedRulesetAttr(FSAccess.REFER, 0, _SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET)
     fd = libc.syscall(ctypes.c_long(_SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
                       ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
     if fd < 0:
         return f"signals not scoped (landlock_create_ruleset: {os.strerror(ctypes.get_errno())})"
-    try:  # no_new_privs is already set: the file ruleset's apply() set it
+    try:
+        for path in writable:
+            path_fd = os.open(path, os.O_PATH)
+            try:
+                get_add_rule()(fd, 1, ctypes.byref(PathBeneathAttr(FSAccess.REFER, path_fd)), 0)
+            finally:
+                os.close(path_fd)
+        # no_new_privs is already set: the file ruleset's apply() set it
         if libc.syscall(ctypes.c_long(_SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
             return f"signals not scoped (landlock_restrict_self: {os.strerror(ctypes.get_errno())})"
     finally:
