@@ -7,7 +7,8 @@
 # by running it again; arms run side by side, one GPU each, where there are several.
 #   scripts/issue44_gpu.sh DATA WORK GGUF [STEP...]      STEP: setup solve sft bench rl rlbench report (default: all)
 # Knobs (environment): GPUS (default: all visible), SAMPLES (8), RL_STEPS (20), SOLVE_WORKERS (16), SFT_EPOCHS (3),
-# BACKEND (triton; the answers' language throughout: the teacher's, the benches', RL's), MAX_TOKENS (1536), and
+# BACKEND (triton; the answers' language throughout: the teacher's, the benches', RL's), MAX_TOKENS (1536), GEN_BATCH
+# (128: the benches' generation batch; bench's own default of 8 made the 4-shot baseline's 236 samples 30 batches), and
 # SFT_SET, RL_SET: further KEY=VALUE settings, space-separated (a dry run on the cpu: BACKEND=cpu, small ones).
 set -euo pipefail
 DATA=$(realpath "$1"); mkdir -p "$2"; WORK=$(realpath "$2"); GGUF=$(realpath "$3"); shift 3
@@ -16,6 +17,7 @@ M=${MUSACODER:-musacoder}
 NGPU=$(python -c "import torch; print(max(torch.cuda.device_count(), 1))")  # the cpu: one "GPU" slot, unused
 read -r -a G <<< "${GPUS:-$(seq -s ' ' 0 $((NGPU - 1)))}"
 BACKEND=${BACKEND:-triton}; MAX_TOKENS=${MAX_TOKENS:-1536}; SAMPLES=${SAMPLES:-8}; RL_STEPS=${RL_STEPS:-20}; SOLVE_WORKERS=${SOLVE_WORKERS:-16}; SFT_EPOCHS=${SFT_EPOCHS:-3}
+GEN_BATCH=${GEN_BATCH:-128}
 SFT_ARGS=(); for kv in ${SFT_SET:-}; do SFT_ARGS+=(--set "$kv"); done
 RL_ARGS=(); for kv in ${RL_SET:-}; do RL_ARGS+=(--set "$kv"); done
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -38,7 +40,7 @@ bench() {
     done_ "bench-$name-$set" && continue
     CUDA_VISIBLE_DEVICES=$gpu $M bench run --tasks "$DATA/twins/$set.jsonl" --levels all --backend "$BACKEND" --profile strict \
       --no-timing --model "$model" --samples "$SAMPLES" --temperature 0.7 --max-tokens "$MAX_TOKENS" \
-      --out "$WORK/bench/$name/$set" $(judges "0 0 0 0") > "$WORK/logs/bench-$name-$set.log" 2>&1 \
+      --batch-size "$GEN_BATCH" --out "$WORK/bench/$name/$set" $(judges "0 0 0 0") > "$WORK/logs/bench-$name-$set.log" 2>&1 \
       && mark "bench-$name-$set" || log "bench $name $set failed: $(tail -c 400 "$WORK/logs/bench-$name-$set.log")"
   done
 }

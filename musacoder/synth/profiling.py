@@ -364,7 +364,6 @@ def _run(task: Task, code: str, cfg: VerifyConfig, cmd: ProfileCommand, timeout_
     builder = Builder(cfg.cache_dir, backend)
     private = Path(tempfile.mkdtemp(prefix="musacoder-profile-"))
     # the environment of the verifier's subjects, so the profile is taken as MooreEval's times were
-    # (the private directory in the environment, not argv, which every process can read)
     env = private_env(private)
     if backend.device_type == "cpu":
         env.update(steady_malloc())

@@ -90,8 +90,8 @@ def steady_malloc() -> dict:
 
 def private_env(private: Path) -> dict:
     """A sandboxed subject's environment: its private directory (there, not in argv, which every process can read)
-    and the caches that write into it. Triton's cache is one that writes files in place (backends/triton_cache.py):
-    its own renames across directories, which Landlock ABI 1 refuses."""
+    and the caches that write into it. Triton's writes its files in place (backends/triton_cache.py) rather than
+    renaming them across directories, which Landlock ABI 1 refuses."""
     return {"MUSACODER_PRIVATE": str(private), "TMPDIR": str(private), "TRITON_CACHE_DIR": str(private / "triton"),
             "TRITON_CACHE_MANAGER": "musacoder.backends.triton_cache:BesideCacheManager",
             "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"), "OMP_WAIT_POLICY": "PASSIVE"}
