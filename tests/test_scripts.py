@@ -1,0 +1,61 @@
+"""scripts/: the command lines the issue-44 GPU script builds, read without a GPU. The musacoder CLI is replaced by a
+recorder of its arguments (what cannot run here is the Triton bench or RL itself); the script is the real one."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _issue44_gpu(tmp_path, data: Path, work: Path, step: str, **env) -> list[list[str]]:
+    """Run scripts/issue44_gpu.sh's `step` on one GPU slot with the CLI recorded: each call's arguments."""
+    calls = tmp_path / "calls.jsonl"
+    recorder = tmp_path / "recorder.py"
+    recorder.write_text(f"import json, sys\nopen({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    env = {**os.environ, "MUSACODER": f"{sys.executable} {recorder}", "BACKEND": "triton", "GPUS": "0", **env,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # the script's `python`
+    out = subprocess.run(["bash", str(ROOT / "scripts/issue44_gpu.sh"), str(data), str(work),
+                          str(tmp_path / "none.gguf"), step], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def _settings(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+
+
+def test_issue44_benches_get_one_devices_word_and_share_one_gpu_in_turn(tmp_path):
+    """On one GPU the judges' device list reached `bench run` as four words ("devices=[0," "0," ...), which it
+    refused (H200, 2026-11-29), and the two baselines ran beside each other there and ran out of its memory."""
+    data = tmp_path / "data"
+    (data / "twins").mkdir(parents=True)
+    for name in ("eval.no_twin", "kb_l1_19_32.no_twin"):
+        (data / "twins" / f"{name}.jsonl").write_text('{"name": "t"}\n')
+    (data / "twins" / "eval.twin.jsonl").write_text("")  # empty: left out
+    runs = _issue44_gpu(tmp_path, data, tmp_path / "work", "bench")
+    assert len(runs) == 4, runs  # two baselines x two non-empty sets; no SFT model yet
+    for argv in runs:
+        assert argv[:2] == ["bench", "run"]
+        assert argv[argv.index("--batch-size") + 1] == "128"
+        assert _settings(argv) == ["devices=[0,0,0,0]"], argv
+    models = [argv[argv.index("--model") + 1].split(":")[0] for argv in runs]
+    assert models == ["retrieval", "retrieval", "fewshot", "fewshot"]  # one after the other on the one GPU
+
+
+def test_issue44_rl_arms_each_get_their_one_setting(tmp_path):
+    """The four RL arms from the SFT model: the full run and each of PrimeEcho, BDR and MirrorPop off, one setting
+    word each, each marked done."""
+    data, work = tmp_path / "data", tmp_path / "work"
+    (data / "twins").mkdir(parents=True)
+    (work / "done").mkdir(parents=True)
+    (work / "done" / "sft").touch()
+    runs = _issue44_gpu(tmp_path, data, work, "rl", RL_STEPS="3")
+    assert [argv[0] for argv in runs] == ["rl"] * 4
+    sets = [_settings(argv) for argv in runs]
+    assert all("max_steps=3" in s and f"model={work}/sft/final" in s for s in sets)
+    assert [s[6:] for s in sets] == [[], ["primeecho.enabled=false"], ["bdr.enabled=false"], ["mirrorpop.mode=off"]]
+    assert sorted(p.name for p in (work / "done").iterdir()) == ["rl-full", "rl-no-bdr", "rl-no-mirrorpop",
+                                                                  "rl-no-primeecho", "sft"]
