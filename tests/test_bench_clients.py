@@ -228,6 +228,28 @@ def test_hf_client_generates_in_batches(tiny_checkpoint):
     assert make_client(f"hf:{tiny_checkpoint}").model_id == str(tiny_checkpoint)
 
 
+def test_hf_client_fits_each_request_into_the_models_context(tiny_checkpoint):
+    """Past its context (512 positions here) a model computes on positions it never learned, silently: a prompt that
+    cannot fit is an error, an earlier answer is cut in the middle until the prompt leaves room, as the OpenAI
+    client does against a server's context."""
+    from musacoder.bench.clients.hf import HFClient, HFConfig
+    from musacoder.conversation import CUT
+
+    client = HFClient(str(tiny_checkpoint), HFConfig(batch_size=2, device="cpu"))
+    assert client.context_len == 512
+    task = [{"role": "user", "content": "write a kernel"}]
+    long_answer = {"role": "assistant", "content": "class ModelNew " * 400}
+    again = task + [long_answer, {"role": "user", "content": "it failed: try again"}]
+    reqs = [req(content="class ModelNew " * 400), Request(req().task, 1, 2, again, 0.7, 1.0, 64, 1), req(sample=2)]
+    got = dict(client.generate(reqs))
+    assert got[0].error.startswith("prompt does not fit: the prompt is") and got[0].attempts == 0
+    cut = got[1].messages
+    assert got[1].error is None and cut[0] == again[0] and cut[2:] == again[2:] and "cut to fit" in cut[1]["content"]
+    assert CUT.split("{n}")[0] in cut[1]["content"]
+    assert got[1].prompt_tokens + 64 <= 512 and got[1].prompt_tokens == client.prompt_tokens(cut)
+    assert got[2].error is None and got[2].messages is None  # a prompt that fits goes as it is
+
+
 def test_hf_client_through_the_runner(tiny_checkpoint, tmp_path, cache_dir):
     """Local generation is not overlapped with verification; its token counts reach the store and the metrics."""
     from musacoder.bench.clients.hf import HFClient, HFConfig

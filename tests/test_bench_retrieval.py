@@ -156,6 +156,22 @@ def test_fewshot_leads_each_prompt_with_the_nearest_examples(train_file, tmp_pat
     assert "torch.tanh(inp" in gen.messages[3]["content"] and gen.messages[-1] == first[-1]
 
 
+def test_fewshot_shows_only_the_nearest_examples_that_leave_room_for_the_answer(train_file, tmp_path):
+    """Four shots of issue 44's training answers took up to 8,882 tokens of SmolLM2's 8,192: the farthest examples
+    are dropped until the prompt leaves the request's max_tokens of the inner model's context."""
+    (tmp_path / "replay.jsonl").write_text(json.dumps({"task": "bias_relu_eval", "sample": 0, "output": "x"}) + "\n")
+    client = make_client(f"fewshot:2:{train_file}:replay:{tmp_path / 'replay.jsonl'}")
+    task = Task("bias_relu_eval", EVAL_TASK)
+    r = Request(task, 0, 1, task_messages(task, "cpu"), 0.7, 1.0, 100, 0)
+    both = client.prompt(r)
+    assert len(both) == len(r.messages) + 4  # no context known: every shot
+    one_shot = len(r.messages) + 2
+    client.inner.context_len = client.inner.prompt_tokens(both) + 99  # one token short of both shots and the answer
+    assert len(client.prompt(r)) == one_shot and "torch.relu(inp * self.gain" in client.prompt(r)[1]["content"]
+    client.inner.context_len = 10  # not even the task: the task alone, for the inner client to fit or refuse
+    assert client.prompt(r) == r.messages
+
+
 @pytest.mark.slow
 def test_fewshot_prompts_a_tiny_model_with_its_nearest_examples(train_file, tmp_path, cache_dir):
     from musacoder.bench.runner import run_bench

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from musacoder import conversation
 from musacoder.tasks.model import Task
 
 
@@ -37,6 +38,11 @@ class Client(ABC):
     model_id: str = ""  # what the run's results belong to; resuming with another model is refused
     local: bool = False  # generates on this machine: verifying meanwhile would disturb the kernel timings
     fatal: str | None = None  # set when the model server is gone: the run should end with this message
+    context_len: int | None = None  # the model's context in tokens, where known
+
+    def prompt_tokens(self, messages: list) -> int:
+        """The prompt's length in the model's tokens: a conservative estimate unless the client has its tokenizer."""
+        return conversation.estimate_tokens(messages)
 
     def cancel(self) -> None:
         """Called from another thread when the run stops (Ctrl-C): stop waiting on what is in flight."""

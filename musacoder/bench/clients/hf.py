@@ -1,4 +1,5 @@
-"""Local generation with Hugging Face transformers, batched (left padding, sampling settings per batch)."""
+"""Local generation with Hugging Face transformers, batched (left padding, sampling settings per batch); each
+request fitted into the model's context as the OpenAI client fits it (conversation.fit_prompt), counted exactly."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from musacoder import conversation
 from musacoder.bench.clients.base import Client, Generation, Request
 from musacoder.hfdecode import decoding_attention
 
@@ -55,16 +57,33 @@ class HFClient(Client):
             return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return "\n\n".join(m["content"] for m in messages) + "\n\n"
 
+    @property
+    def context_len(self) -> int | None:
+        n = getattr(self.model.config, "max_position_embeddings", None)
+        return n if isinstance(n, int) and n > 0 else None
+
+    def prompt_tokens(self, messages: list) -> int:
+        return len(self.tok(self._render(messages), add_special_tokens=not self.tok.chat_template)["input_ids"])
+
     def generate(self, requests: Sequence[Request]) -> Iterator[tuple[int, Generation]]:
-        order = sorted(range(len(requests)), key=lambda i: (self._params(requests[i]), len(str(requests[i].messages))))
-        for params, group in groupby(order, key=lambda i: self._params(requests[i])):
+        # (messages, max_tokens) each: past the context a model computes on positions it never learned, silently
+        fitted = {}
+        for i, r in enumerate(requests):
+            try:
+                fitted[i] = conversation.fit_prompt(r.messages, self.context_len, r.max_tokens, self.prompt_tokens) \
+                    if self.context_len else (r.messages, r.max_tokens)
+            except conversation.BudgetError as e:
+                yield i, Generation(error=f"prompt does not fit: {e}", attempts=0)
+        params = {i: (requests[i].temperature, requests[i].top_p, fitted[i][1]) for i in fitted}
+        order = sorted(fitted, key=lambda i: (params[i], len(str(fitted[i][0]))))
+        for key, group in groupby(order, key=params.__getitem__):
             group = list(group)
             for s in range(0, len(group), self.cfg.batch_size):
                 batch = group[s:s + self.cfg.batch_size]
                 t0 = time.perf_counter()
                 torch.manual_seed(requests[batch[0]].seed)  # reproducible for the same batches
                 try:
-                    gens = self._batch([requests[i].messages for i in batch], *params)
+                    gens = self._batch([fitted[i][0] for i in batch], *key)
                 except Exception as e:  # noqa: BLE001 -- e.g. out of memory: this batch fails, the run goes on
                     gens = [Generation(error=f"{type(e).__name__}: {str(e)[:1000]}") for _ in batch]
                 if torch.cuda.is_available():
@@ -74,11 +93,9 @@ class HFClient(Client):
                 seconds = (time.perf_counter() - t0) / len(batch)  # each its share: the report sums them
                 for i, g in zip(batch, gens):
                     g.seconds = seconds
+                    if fitted[i][0] != requests[i].messages:
+                        g.messages = fitted[i][0]
                     yield i, g
-
-    @staticmethod
-    def _params(r: Request) -> tuple[float, float, int]:
-        return (r.temperature, r.top_p, r.max_tokens)
 
     @torch.inference_mode()
     def _batch(self, conversations: list, temperature: float, top_p: float, max_tokens: int) -> list[Generation]:

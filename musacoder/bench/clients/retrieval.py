@@ -196,9 +196,16 @@ class FewShotClient(Client):
         self.inner.cancel()
 
     def prompt(self, r: Request) -> list[dict]:
-        shots = _example_turns([ex for ex, _ in self.index.nearest(r.task.code)[:self.k]])
+        """The task's K nearest training examples before it, as many as leave the request's max_tokens of the inner
+        model's context, the farthest dropped first (four shots of issue 44's answers took up to 8,882 tokens:
+        SmolLM2's context is 8,192); all K where the inner client knows no context."""
+        nearest = [ex for ex, _ in self.index.nearest(r.task.code)[:self.k]]
         head = 1 if r.messages and r.messages[0]["role"] == "system" else 0
-        return r.messages[:head] + shots + r.messages[head:]
+        for n in range(len(nearest), -1, -1):
+            msgs = r.messages[:head] + _example_turns(nearest[:n]) + r.messages[head:]
+            if not self.inner.context_len or self.inner.prompt_tokens(msgs) + r.max_tokens <= self.inner.context_len:
+                break
+        return msgs  # with no shot fitting: the task alone, which the inner client fits or refuses
 
     def generate(self, requests: Sequence[Request]) -> Iterator[tuple[int, Generation]]:
         shown = [dataclasses.replace(r, messages=self.prompt(r)) for r in requests]
