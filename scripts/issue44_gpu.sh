@@ -6,10 +6,11 @@
 # benched the same way. Every step skips what is done (a marker in WORK/done), so a device lease that ends is resumed
 # by running it again; arms run side by side, one GPU each, where there are several.
 #   scripts/issue44_gpu.sh DATA WORK GGUF [STEP...]      STEP: setup solve sft bench rl rlbench report (default: all)
-# Knobs (environment): GPUS (default: all visible), SAMPLES (8), RL_STEPS (20), SOLVE_WORKERS (16), SFT_EPOCHS (3),
-# BACKEND (triton; the answers' language throughout: the teacher's, the benches', RL's), MAX_TOKENS (1536), GEN_BATCH
-# (128: the benches' generation batch; bench's own default of 8 made the 4-shot baseline's 236 samples 30 batches), and
-# SFT_SET, RL_SET: further KEY=VALUE settings, space-separated (a dry run on the cpu: BACKEND=cpu, small ones).
+# Knobs (environment): GPUS (default: all visible), SAMPLES (8), RL_STEPS (20), RL_ARMS (all four), SOLVE_WORKERS (16),
+# SFT_EPOCHS (3), BACKEND (triton; the answers' language throughout: the teacher's, the benches', RL's), MAX_TOKENS
+# (1536), GEN_BATCH (128: the benches' generation batch; bench's own default of 8 made the 4-shot baseline's 236
+# samples 30 batches), and SFT_SET, RL_SET: further KEY=VALUE settings, space-separated (a dry run on the cpu:
+# BACKEND=cpu, small ones).
 set -euo pipefail
 DATA=$(realpath "$1"); mkdir -p "$2"; WORK=$(realpath "$2"); GGUF=$(realpath "$3"); shift 3
 STEPS=${*:-setup solve sft bench rl rlbench report}
@@ -82,7 +83,10 @@ if want bench || want sft; then
 fi
 
 # RL arms from the SFT model, one GPU each (round robin where there are fewer GPUs than arms)
-ARMS=("full:" "no-primeecho:primeecho.enabled=false" "no-bdr:bdr.enabled=false" "no-mirrorpop:mirrorpop.mode=off")
+ARMS=()  # RL_ARMS names a subset (e.g. "full", to time a step on one GPU before sizing the rest)
+for arm in "full:" "no-primeecho:primeecho.enabled=false" "no-bdr:bdr.enabled=false" "no-mirrorpop:mirrorpop.mode=off"; do
+  [[ " ${RL_ARMS:-full no-primeecho no-bdr no-mirrorpop} " == *" ${arm%%:*} "* ]] && ARMS+=("$arm")
+done
 if want rl && done_ sft; then
   i=0; pids=()
   for arm in "${ARMS[@]}"; do

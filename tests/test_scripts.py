@@ -59,3 +59,13 @@ def test_issue44_rl_arms_each_get_their_one_setting(tmp_path):
     assert [s[6:] for s in sets] == [[], ["primeecho.enabled=false"], ["bdr.enabled=false"], ["mirrorpop.mode=off"]]
     assert sorted(p.name for p in (work / "done").iterdir()) == ["rl-full", "rl-no-bdr", "rl-no-mirrorpop",
                                                                   "rl-no-primeecho", "sft"]
+
+
+def test_issue44_rl_arms_can_be_one(tmp_path):
+    """RL_ARMS picks arms: one full run, to time a step before the others are sized."""
+    data, work = tmp_path / "data", tmp_path / "work"
+    (data / "twins").mkdir(parents=True)
+    (work / "done").mkdir(parents=True)
+    (work / "done" / "sft").touch()
+    runs = _issue44_gpu(tmp_path, data, work, "rl", RL_ARMS="full")
+    assert len(runs) == 1 and f"output_dir={work}/rl/full" in _settings(runs[0])
