@@ -9,7 +9,8 @@
 # Knobs (environment): GPUS (default: all visible), SAMPLES (8), RL_STEPS (20), RL_ARMS (all four), SOLVE_WORKERS (16),
 # SFT_EPOCHS (3), BACKEND (triton; the answers' language throughout: the teacher's, the benches', RL's), MAX_TOKENS
 # (1536), GEN_BATCH (128: the benches' generation batch; bench's own default of 8 made the 4-shot baseline's 236
-# samples 30 batches), and SFT_SET, RL_SET: further KEY=VALUE settings, space-separated (a dry run on the cpu:
+# samples 30 batches), JUDGES (8: a bench's judges on its GPU for the generated sets; KernelBench's get 2: with 4, references
+# ran out of an H200's memory on its 6 GiB inputs), and SFT_SET, RL_SET: further KEY=VALUE settings, space-separated (a dry run on the cpu:
 # BACKEND=cpu, small ones).
 set -euo pipefail
 DATA=$(realpath "$1"); mkdir -p "$2"; WORK=$(realpath "$2"); GGUF=$(realpath "$3"); shift 3
@@ -18,7 +19,7 @@ M=${MUSACODER:-musacoder}
 NGPU=$(python -c "import torch; print(max(torch.cuda.device_count(), 1))")  # the cpu: one "GPU" slot, unused
 read -r -a G <<< "${GPUS:-$(seq -s ' ' 0 $((NGPU - 1)))}"
 BACKEND=${BACKEND:-triton}; MAX_TOKENS=${MAX_TOKENS:-1536}; SAMPLES=${SAMPLES:-8}; RL_STEPS=${RL_STEPS:-20}; SOLVE_WORKERS=${SOLVE_WORKERS:-16}; SFT_EPOCHS=${SFT_EPOCHS:-3}
-GEN_BATCH=${GEN_BATCH:-128}
+GEN_BATCH=${GEN_BATCH:-128}; JUDGES=${JUDGES:-8}
 SFT_ARGS=(); for kv in ${SFT_SET:-}; do SFT_ARGS+=(--set "$kv"); done
 RL_ARGS=(); for kv in ${RL_SET:-}; do RL_ARGS+=(--set "$kv"); done
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -39,9 +40,10 @@ bench() {
   local name=$1 model=$2 gpu=$3
   for set in "${SETS[@]}"; do
     done_ "bench-$name-$set" && continue
+    local n=$JUDGES; [[ $set == kb* ]] && n=2
     CUDA_VISIBLE_DEVICES=$gpu $M bench run --tasks "$DATA/twins/$set.jsonl" --levels all --backend "$BACKEND" --profile strict \
       --no-timing --model "$model" --samples "$SAMPLES" --temperature 0.7 --max-tokens "$MAX_TOKENS" \
-      --batch-size "$GEN_BATCH" --out "$WORK/bench/$name/$set" $(judges "0 0 0 0") > "$WORK/logs/bench-$name-$set.log" 2>&1 \
+      --batch-size "$GEN_BATCH" --out "$WORK/bench/$name/$set" $(judges "$(printf '0 %.0s' $(seq "$n"))") > "$WORK/logs/bench-$name-$set.log" 2>&1 \
       && mark "bench-$name-$set" || log "bench $name $set failed: $(tail -c 400 "$WORK/logs/bench-$name-$set.log")"
   done
 }

@@ -149,3 +149,18 @@ def test_every_index_is_answered_when_submitting_or_verifying_fails(cpu_config):
     assert sorted(got) == [0, 1] and all(v.status.value == "infra_error" and v.reward == -1.0 for v in got.values())
     assert got[0].reason.startswith("the pool refused the job: RuntimeError: queue closed")
     assert got[1].reason.startswith("the verifier failed: OSError: judge lost") and got[1].feedback
+
+
+def test_an_infra_errors_reason_is_the_errors_own_line():
+    """A CUDA error's message ends in advice; the verdict's reason (the last line) was that advice (H200, 2026-11-29:
+    'verifier error: Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.')."""
+    from musacoder.pool.worker import infra_error
+    from musacoder.verifier.pipeline import _first_line
+
+    try:
+        raise RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported\n"
+                           "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+    except RuntimeError as e:
+        text = infra_error(e)
+    assert _first_line(text) == "RuntimeError: CUDA error: out of memory"
+    assert "Traceback" in text and "TORCH_USE_CUDA_DSA" in text  # the whole story stays in the facts

@@ -72,10 +72,18 @@ def main(argv=None):
                 facts.recycle = bool(reason)
                 result = facts.model_dump()
         except Exception as e:  # a harness bug, not the candidate's doing (its failures are facts)
-            import traceback
-
-            result = {"infra_error": "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]}
+            result = {"infra_error": infra_error(e)}
         conn.send_bytes(json.dumps(result, default=str).encode())
+
+
+def infra_error(e: BaseException) -> str:
+    """The traceback's tail, then the error's own first line: the verdict's reason is the last line, and a CUDA
+    error's message ends in boilerplate (H200: 'verifier error: Compile with `TORCH_USE_CUDA_DSA`...')."""
+    import traceback
+
+    lines = str(e).strip().splitlines()
+    return ("".join(traceback.format_exception(type(e), e, e.__traceback__))[-2500:]
+            + f"\n{type(e).__name__}: {lines[0] if lines else ''}"[:500])
 
 
 def _profiled(fn):
