@@ -1,5 +1,5 @@
-"""verifier/timing.py: sizing a block and bounding a candidate's, the rule for work moved out of the timed stretch,
-the speedup's interval and the stop rule."""
+"""verifier/timing.py: sizing a block and bounding a candidate's, the protocol's floor taken off a block, the rule for
+work moved out of the timed stretch, the speedup's interval and the stop rule."""
 
 import random
 
@@ -14,6 +14,7 @@ from musacoder.verifier.timing import (
     held_in_plan,
     mean_ratio_interval,
     moved_out,
+    net_block_ms,
     plan_calls,
     probe_eight,
 )
@@ -159,3 +160,13 @@ def test_the_stop_rule_reads_the_median():
     assert rse([10.0 * (1 + 0.1 * rng.gauss(0, 1)) for _ in range(20)]) > 0.01  # 10% jitter on every call does
     assert rse([10.0]) == float("inf") and rse([0.0, 0.0]) == float("inf")
 
+
+
+def test_the_protocols_floor_comes_off_each_block_and_never_more_than_half():
+    # H200, 2026-11-29: a 2.89x elementwise kernel (1.78 ms blocks of 51 calls against 5.15 ms) read 2.71x with the
+    # 0.065 ms round trip on both blocks; taken off, the ratio of the blocks is the kernels' again
+    ref, cand, floor = 5.150 + 0.065, 1.783 + 0.065, 0.065
+    assert (ref / cand) / (5.150 / 1.783) < 0.98
+    assert net_block_ms(ref, floor) / net_block_ms(cand, floor) == pytest.approx(5.150 / 1.783)
+    # a block near the floor keeps half of itself: nothing reads as free, whatever the floor says
+    assert net_block_ms(0.1, 0.5) == 0.05 and net_block_ms(2.0, -1.0) == 2.0

@@ -13,7 +13,7 @@ from musacoder.verifier.verdict import Verdict
 # a correct, timed CUDA verdict as stored: the fields the rule reads, the rest at their defaults
 STORED = json.loads("""{"status": "ok", "reason": "correct and legal; 1.31x vs eager", "task": "level1/19_ReLU",
  "backend": "cuda", "correctness": 1.0, "trials_passed": 16, "trials_total": 16, "kernel_launches": 17,
- "kernel_time_share": 0.97, "candidate_ms": 0.412, "eager_ms": 0.54, "compile_ms": 0.47, "timing_rse": 0.004,
+ "kernel_time_share": 0.97, "candidate_ms": 0.367, "eager_ms": 0.54, "compile_ms": 0.47, "timing_rse": 0.004,
  "timing_reps": 40, "speedup_eager": 1.31, "speedup_compile": 1.14, "sol_ms": 0.31, "reward": 0.7,
  "details": {"profile": {"own_kernels": 1, "share": 0.97, "names": ["relu_kernel(float const*, float*, long)"]},
              "speedup_interval": [1.28, 1.34], "timer_floor_ms": 0.045, "threads": 1}}""")
@@ -28,7 +28,7 @@ def verdict(**changes) -> Verdict:
 
 
 def test_a_kernel_near_the_speed_of_light():
-    b = bottleneck(verdict())  # 0.31 ms of 0.412 - 0.045 = 0.367 ms beyond the round trip: 84%
+    b = bottleneck(verdict())  # 0.31 ms of 0.367 ms (the round trip is taken off candidate_ms): 84%
     assert b.kind == "near-roofline" and "84%" in b.facts and b.advice == BOUND_ADVICE["near-roofline"]
     # where the verdict records which term sets the estimate, it says which limit
     mem = verdict(details={"roofline": {"bytes": 268435456, "flops": 67108864, "bytes_per_s": 3.0e12,
@@ -40,12 +40,12 @@ def test_a_kernel_near_the_speed_of_light():
 
 
 def test_a_kernel_far_below_it_is_latency_bound():
-    b = bottleneck(verdict(candidate_ms=2.045, sol_ms=0.31))  # 0.31 of 2.0 ms: 16%
-    assert b.kind == "latency-bound" and "16%" in b.facts and "0.31 ms" in b.facts
+    b = bottleneck(verdict(candidate_ms=2.0, sol_ms=0.32))  # 0.32 of 2.0 ms (the round trip already off): 16%
+    assert b.kind == "latency-bound" and "16%" in b.facts and "0.32 ms" in b.facts
 
 
 def test_time_at_the_harness_floor_is_host_overhead():
-    b = bottleneck(verdict(candidate_ms=0.061, sol_ms=0.002))  # 3 us of work behind a 45 us round trip
+    b = bottleneck(verdict(candidate_ms=0.003, sol_ms=0.002))  # 3 us of work behind a 45 us round trip
     assert b.kind == "host-overhead" and "0.045 ms" in b.facts
 
 
@@ -58,7 +58,7 @@ def test_many_launches_are_launch_bound():
     b = bottleneck(verdict(details={"profile": {"own_kernels": 5, "share": 0.95}}))
     assert b.kind == "launch-bound" and "5 kernels" in b.facts and "Fuse" in b.advice
     # the earlier classes come first: a forward at the floor is host-bound however many launches it makes
-    assert bottleneck(verdict(candidate_ms=0.07, details={"profile": {"own_kernels": 5}})).kind == "host-overhead"
+    assert bottleneck(verdict(candidate_ms=0.02, details={"profile": {"own_kernels": 5}})).kind == "host-overhead"
 
 
 def test_nsight_compute_metrics_decide_where_measured():
@@ -82,7 +82,7 @@ def test_the_feedback_turn_carries_it():
     text = feedback_text(verdict(details={"profile": {"own_kernels": 4, "share": 0.9}}))
     lines = text.splitlines()
     at = next(i for i, ln in enumerate(lines) if ln.startswith("Bottleneck: launch-bound."))
-    assert lines[at - 1].startswith("Timing: your kernel 0.412 ms") and "What to change: Fuse" in lines[at]
+    assert lines[at - 1].startswith("Timing: your kernel 0.367 ms") and "What to change: Fuse" in lines[at]
     assert lines[-1] == "The kernel is correct. Optimise it further while keeping it correct."
     failed = feedback_text(verdict(status="incorrect", reason="2/16 trials failed", candidate_ms=None))
     assert "Bottleneck" not in failed and failed.endswith("Fix correctness first.")

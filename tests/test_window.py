@@ -1,5 +1,5 @@
-"""verifier/window.py: one timing window end to end on the cpu, the cpu subjects' allocator settings, and the rule
-that stops a window early."""
+"""verifier/window.py: one timing window end to end on the cpu, the protocol's floor measured with the candidate
+stopped, the cpu subjects' allocator settings, and the rule that stops a window early."""
 
 import os
 
@@ -36,6 +36,36 @@ def test_an_honest_kernel_is_timed_in_blocks_of_calls_on_the_cpu(relu_verdict):
     trip = d["round_trip_ms"]
     assert len(trip) == 2 and 0 <= trip[1] < v.eager_ms * d["calls_per_block"], d
     assert len(d["spares_starting"]) == 2 and d["spares_starting"][0] == 0, d  # the cpu settles them first
+
+
+def test_the_floor_is_measured_with_the_candidates_process_stopped():
+    """The floor comes off every block of both arms: a candidate whose threads ran beside the reference's empty
+    blocks would lengthen it and flatter the faster arm, so its process is stopped while they run, and continued."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from musacoder.verifier.window import Window
+
+    def state(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    cand = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a candidate computing meanwhile
+    try:
+        seen = []
+        run = SimpleNamespace(cand=SimpleNamespace(pid=cand.pid),  # the judge's run: only what _floor reads
+                              floor=lambda: seen.append(state(cand.pid)) or 0.07)
+        window = Window.__new__(Window)
+        window.run = run
+        assert window._floor() == 0.07 and seen == ["T"]  # stopped while the reference's blocks ran
+        assert state(cand.pid) in "RS"  # and running again after
+    finally:
+        cand.kill()
+        cand.wait()
+    gone = SimpleNamespace(cand=SimpleNamespace(pid=cand.pid), floor=lambda: 1 / 0)
+    window.run = gone
+    assert window._floor() == 0.0  # a candidate already dead: no floor taken off, its next command says why
 
 
 def test_cpu_subjects_keep_what_their_allocator_frees(monkeypatch):

@@ -3,9 +3,10 @@ its speed and what to change (`bottleneck`).
 
 The bottleneck class is computed from facts the verifier measured, by stated rules, first match:
 
-- host-overhead: the candidate's time a call is under HOST_FLOOR x its share of the harness's own round trip
-  (`timer_floor_ms` over `calls_per_block`: the round trip is paid once a block of calls): fixed cost is most of what
-  was timed, so a faster kernel body would not show;
+- host-overhead: the candidate's time a call on the judge's clock (`candidate_ms`, from which the round trip is
+  taken off, plus its share of it) is under HOST_FLOOR x its share of the harness's own round trip (`timer_floor_ms`
+  over `calls_per_block`: the round trip is paid once a block of calls): fixed cost is most of what was timed, so a
+  faster kernel body would not show;
 - foreign-kernels: the candidate's own kernels have under OWN_SHARE of the device time of a profiled forward
   (`kernel_time_share`): the rest is kernels it did not write (copies from `.contiguous()`/`.to()`, fills from
   `torch.zeros`, library calls);
@@ -83,9 +84,10 @@ def bottleneck(v: Verdict, ncu: list[dict] | None = None) -> Bottleneck | None:
     if floor:
         floor /= v.details.get("calls_per_block") or 1  # a block's round trip, shared by its calls
     prof = v.details.get("profile") or {}
-    if floor and ms < HOST_FLOOR * floor:
-        return _b("host-overhead", f"Your forward timed {ms:.4g} ms, under {HOST_FLOOR:g}x its share of the harness's "
-                                   f"own round trip, {floor:.4g} ms.")
+    timed = ms + (floor or 0.0)  # the judge's clock a call: candidate_ms has the round trip taken off (net_block_ms)
+    if floor and timed < HOST_FLOOR * floor:
+        return _b("host-overhead", f"Your forward timed {timed:.4g} ms a call on the harness's clock, under "
+                                   f"{HOST_FLOOR:g}x its share of the harness's own round trip, {floor:.4g} ms.")
     if v.kernel_time_share is not None and v.kernel_time_share < OWN_SHARE:
         return _b("foreign-kernels", f"Your own kernels took {v.kernel_time_share:.0%} of the device time of a "
                                      "forward; the rest ran in kernels you did not write.")
@@ -99,7 +101,7 @@ def bottleneck(v: Verdict, ncu: list[dict] | None = None) -> Bottleneck | None:
                         f"throughput and {k.get('memory_pct') or 0:.0f}% of peak memory throughput.")
     if not v.sol_ms:
         return None
-    own = ms - (floor or 0.0)
+    own = ms
     share = v.sol_ms / own if own > 0 else 1.0
     if share < NEAR_ROOF:
         return _b("latency-bound", f"It reaches {share:.0%} of the speed-of-light estimate ({v.sol_ms:.4g} ms for "

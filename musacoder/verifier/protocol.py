@@ -257,7 +257,8 @@ class Timing(Msg):
     rse: float
     reps: int  # rounds counted
     calls: int = 1  # calls a block
-    floor_ms: float  # round trip of a block of no calls to the clean reference subject: the protocol's own cost
+    floor_ms: float  # round trip of a block of no calls to the clean reference subject: the protocol's own cost, taken
+    # off every timed block of both arms (timing.net_block_ms)
     threads: int | None = None  # cpu: threads each side used
     # the reference's own clock over its blocks, per call: the rest of reference_ms is the round trip
     reference_self_ms: float | None = None

@@ -96,6 +96,14 @@ def contended(busy_s: float, own_s: float, wall_s: float) -> bool:
 PROBE_RATIO = 4.0  # timed calls this much faster than the probed ones, when the probe capped the blocks: refused
 
 
+def net_block_ms(block_ms: float, floor_ms: float) -> float:
+    """A block's time on the judge's clock less the protocol's own cost (`floor_ms`, a block of no calls to the clean
+    reference), taken the same from both arms: the kernels' time, as do_bench's events see it (the round trip pulled the
+    large elementwise rows' speedups 4-6% under the truth, H200 2026-11-29). At most half the block is taken off, so
+    no block reads faster than twice what its kernels could."""
+    return block_ms - min(max(floor_ms, 0.0), block_ms / 2)
+
+
 def faster_than_probed(capped: bool, probed_ms: float, timed_ms: float) -> str | None:
     """Why no speed is measured, when the candidate's slow probe capped the blocks (`timing.block_max_ms`) but its
     timed calls ran far faster: the cap shortened the reference's blocks too, so their round trips would weigh on

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import random
+import signal
 import statistics
 import time
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ from musacoder.verifier.timing import (
     held_in_plan,
     left_running,
     moved_out,
+    net_block_ms,
     paired_speedup,
     plan_calls,
     probe_eight,
@@ -80,7 +83,9 @@ class Window:
     def __init__(self, run, alone: bool):
         self.run, self.alone = run, alone
         self.j, self.cfg, self.f, self.rng = run.j, run.cfg, run.f, run.rng
-        self.ms = {"ref": [], "cand": [], "comp": []}  # per call, counted rounds
+        self.ms = {"ref": [], "cand": [], "comp": []}  # per call, less the protocol's floor, counted rounds
+        self.clock = {"ref": [], "cand": [], "comp": []}  # per block: the judge's clock (ms), counted rounds
+        self.floor = 0.0  # the protocol's own cost a block (ms), taken off every block of every arm (_floor)
         self.outside = {"ref": [], "cand": []}  # per block: preparation + read-back (ms), counted rounds
         self.own: dict[str, list[float]] = {"ref": [], "cand": []}  # per block: its subject's own clock (ms)
         self.sets: dict[str, list] = {"ref": [], "cand": []}  # per set: the judge's tensors
@@ -106,7 +111,7 @@ class Window:
         self.arms = ["ref", "cand"] + (["comp"] if compiled else [])
         self.j.settle()
         with stage(f, "timing_plan"):
-            floor = run.floor()
+            floor = self.floor = self._floor()
             continued = self._continued()
             try:
                 self.calls = self._plan()
@@ -144,6 +149,20 @@ class Window:
         self._report(floor, None if gate is None else gate.waits)
         return False
 
+    def _floor(self) -> float:
+        """The protocol's floor (judge `Run.floor`), measured with the candidate's process stopped: no thread of it can
+        run beside the reference's empty blocks and lengthen them, which would lengthen what is taken off every block
+        and flatter a faster arm (a stop also takes nothing from an honest candidate: it is between its calls)."""
+        pid = self.run.cand.pid
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:  # it died: its next command says so
+            return 0.0
+        try:
+            return self.run.floor()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
     def _rounds(self, gate: QuietGate | None, idle) -> bool:
         """The window's rounds until the stop rule (_enough) ends them: each round fresh inputs, one block of each arm
         in a secret order, every call's output checked, then (after the warm-up rounds) its times recorded. False: a
@@ -175,7 +194,8 @@ class Window:
         """A counted round's times: each arm's per call, the preparation and read-back of each side's block, and each
         side's block as its own process measured it."""
         for arm in self.arms:
-            self.ms[arm].append(got[arm].ms / self.calls)
+            self.clock[arm].append(got[arm].ms)
+            self.ms[arm].append(net_block_ms(got[arm].ms, self.floor) / self.calls)
         for arm in ("ref", "cand"):
             self.outside[arm].append(got[arm].prepare_ms + got[arm].readback_ms)
             self.own[arm].append(got[arm].reply.self_ms)
@@ -267,7 +287,7 @@ class Window:
         """Per block: the judge's clock less the side's own, what the protocol added to it (the candidate's own clock
         is its claim: a diagnostic, never a figure)."""
         own = [x if math.isfinite(x) else 0.0 for x in self.own[arm]]
-        return [ms * self.calls - x for ms, x in zip(self.ms[arm], own)]
+        return [ms - x for ms, x in zip(self.clock[arm], own)]
 
     # ---- one block ------------------------------------------------------------------------------------------------
     def _block(self, arm: str, gate: QuietGate | None, idle) -> Block | None:
