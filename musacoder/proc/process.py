@@ -50,6 +50,30 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def stop_and_wait(pid: int, timeout_s: float = 0.5) -> bool:
+    """SIGSTOP `pid` and wait until every thread of it is stopped (a stop is delivered asynchronously: a thread
+    running on another core keeps running for a moment). False: it is gone, or a thread did not stop in time (one
+    in a driver call); the caller sends SIGCONT either way."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            states = []
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:  # a thread or the process went meanwhile
+            states = [""]
+        if states and all(s in "Tt" and s for s in states):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+
+
 def _parent(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as f:

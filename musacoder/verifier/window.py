@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from musacoder.proc.process import WorkerDied, WorkerTimeout, cpu_seconds
+from musacoder.proc.process import WorkerDied, WorkerTimeout, cpu_seconds, stop_and_wait
 from musacoder.verifier import buffers
 from musacoder.verifier.correctness import compare
 from musacoder.verifier.inputs import Shape, fill_inputs, raw_inputs, tensor_bytes
@@ -155,13 +155,13 @@ class Window:
         and flatter a faster arm (a stop also takes nothing from an honest candidate: it is between its calls)."""
         pid = self.run.cand.pid
         try:
-            os.kill(pid, signal.SIGSTOP)
-        except ProcessLookupError:  # it died: its next command says so
-            return 0.0
-        try:
-            return self.run.floor()
+            # not stopped in time (gone, or a thread in a driver call): no floor this window, the judge's clock as is
+            return self.run.floor() if stop_and_wait(pid) else 0.0
         finally:
-            os.kill(pid, signal.SIGCONT)
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:  # it died: its next command says so
+                pass
 
     def _rounds(self, gate: QuietGate | None, idle) -> bool:
         """The window's rounds until the stop rule (_enough) ends them: each round fresh inputs, one block of each arm
