@@ -107,8 +107,8 @@ def run(tasks: Path = typer.Option(..., "--tasks", help="KernelBench .jsonl/.par
                   f"in {out}: rerun the same command once the server is up")
         raise typer.Exit(1)
     if m["unfinished"]:
-        err.print(f"[yellow]{m['unfinished']} samples unfinished[/yellow] (see status generation_error above and "
-                  "in the report); run the same command again to retry them")
+        err.print(f"[yellow]{m['unfinished']} samples unfinished[/yellow] (generation_error or infra_error, or "
+                  "not yet generated or verified: above and in the report); run the same command again to retry them")
         raise typer.Exit(1)
 
 
