@@ -83,7 +83,6 @@ class Window:
     def __init__(self, run, alone: bool):
         self.run, self.alone = run, alone
         self.j, self.cfg, self.f, self.rng = run.j, run.cfg, run.f, run.rng
-        self.ms = {"ref": [], "cand": [], "comp": []}  # per call, less the protocol's floor, counted rounds
         self.clock = {"ref": [], "cand": [], "comp": []}  # per block: the judge's clock (ms), counted rounds
         self.floor = 0.0  # the protocol's own cost a block (ms), taken off every block of every arm (_floor)
         self.outside = {"ref": [], "cand": []}  # per block: preparation + read-back (ms), counted rounds
@@ -191,14 +190,18 @@ class Window:
                 return True
 
     def _record(self, got: dict[str, Block]):
-        """A counted round's times: each arm's per call, the preparation and read-back of each side's block, and each
-        side's block as its own process measured it."""
+        """A counted round's times: each arm's block on the judge's clock, the preparation and read-back of each side's
+        block, and each side's block as its own process measured it."""
         for arm in self.arms:
             self.clock[arm].append(got[arm].ms)
-            self.ms[arm].append(net_block_ms(got[arm].ms, self.floor) / self.calls)
         for arm in ("ref", "cand"):
             self.outside[arm].append(got[arm].prepare_ms + got[arm].readback_ms)
             self.own[arm].append(got[arm].reply.self_ms)
+
+    @property
+    def ms(self) -> dict[str, list[float]]:
+        """Each arm's counted rounds per call: its blocks less the protocol's floor (net_block_ms), over the calls."""
+        return {arm: [net_block_ms(b, self.floor) / self.calls for b in blocks] for arm, blocks in self.clock.items()}
 
     def _enough(self, gate: QuietGate | None, t_begin: float) -> bool:
         """The stop rule, after each round: `max_reps` counted rounds, or the quiet gate's waits already refuse the
