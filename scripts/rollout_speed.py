@@ -1,7 +1,8 @@
 """Rollout generation speed of an RL config, apart from verification and the policy update.
 
 Builds the run's own trainer (the warm start too, when its model is not there yet), then generates one step's first
-turn (every task's prompt, group_size times) through the trainer's own engine, `--repeats` times each way: with
+turn (`--prompts` tasks' prompts, by default the config's prompts_per_step, group_size times each) through the
+trainer's own engine, `--repeats` times each way: with
 the early-verification hand-over (`on_text`, here a callback that only counts) and without. `--state`
 says in what state generation finds the model. Prints tokens/s, the mean and longest reply and
 the library versions, so two environments or two code versions compare on one machine.
@@ -23,6 +24,9 @@ def main() -> None:
     ap.add_argument("--config", required=True)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=0,
+                    help="tasks to prompt (the first of the run's); 0: the config's prompts_per_step, one step's worth "
+                         "(every task of a 470-task set, 8 times each, ran past 280 s on an H200 without a figure)")
     ap.add_argument("--state", choices=["eval", "train", "autocast", "trained"], default="eval",
                     help="the model as generation finds it: as loaded (eval); in train mode with gradient "
                          "checkpointing as configured (train); prepared by accelerate, whose mixed precision wraps "
@@ -47,7 +51,8 @@ def main() -> None:
             trainer.model.gradient_checkpointing_enable(trainer.args.gradient_checkpointing_kwargs)
     rollouts = trainer.rollout_func
     engine = rollouts._engine(trainer)
-    convs = [task_messages(t, resolve(cfg.backend), cfg.one_shot) for t in _tasks(cfg) for _ in range(cfg.group_size)]
+    tasks = _tasks(cfg)[:a.prompts or cfg.prompts_per_step]
+    convs = [task_messages(t, resolve(cfg.backend), cfg.one_shot) for t in tasks for _ in range(cfg.group_size)]
     ended = []
     for r in range(a.repeats):
         for early in (False, True):

@@ -1,5 +1,5 @@
 """`musacoder calibrate`'s cpu part (bench/calibrate.py): the verifier's speedups of shipped honest kernels against the
-same kernels timed in one process (torch.utils.benchmark, the judge's threads and OpenMP settings, cold inputs). The
+same kernels timed in one process (the verifier's blocks, the judge's threads and OpenMP settings, cold inputs). The
 command judges each row at 10%; on a shared 2-core machine both sides move by up to 40% from run to run
 (docs/benchmarks.md, 2026-11-28), so CI asserts what the per-call protocol got wrong: it read a 3x-faster fused kernel
 at 1.2x (a ratio of 0.4), and nothing now strays by half. The GPU table is in docs/benchmarks.md."""
@@ -21,9 +21,11 @@ def test_the_verifiers_cpu_speedups_agree_with_an_in_process_measurement(cache_d
     lines = table(rows)
     assert len(lines) == len(rows) + 1
     arms = lines[0].index("time a call, verifier / in process: reference, candidate")
-    assert all(all(0.2 < float(x) < 5 for x in line[arms].split(", ")) for line in lines[1:]), lines  # per side
+    # per side, against the verifier's workload in one process: the blocks keep every call's output, which a lone call
+    # does not (each side read 1.4-2.5x slower than the lone call on this VM before the truth timed blocks too)
+    assert all(all(0.5 < float(x) < 2.0 for x in line[arms].split(", ")) for line in lines[1:]), lines
     lo_hi = [r["truth"]["range"] for r in rows]  # the truth's own spread over its repeats, around its median
-    assert all(lo <= r["truth"]["speedup"] * 1.0001 and r["truth"]["speedup"] <= hi * 1.0001
+    assert all(lo <= r["truth"]["block_speedup"] * 1.0001 and r["truth"]["block_speedup"] <= hi * 1.0001
                for (lo, hi), r in zip(lo_hi, rows)), lo_hi
     far = [r for r in rows if not 0.5 < r["ratio"] < 2.0]
     if far:  # measured again once: this VM's noise came and went between runs (CI, 2026-11-29: a gemm row at 0.42

@@ -89,6 +89,26 @@ def test_cpu_subjects_keep_what_their_allocator_frees(monkeypatch):
     assert steady_malloc()["GLIBC_TUNABLES"].startswith("glibc.malloc.arena_max=2:")
 
 
+def test_a_cpu_subjects_openmp_threads_spin_only_briefly_before_sleeping(tmp_path):
+    """judge.subject_omp: both doors into a subject (its own environment, the zygote's) carry it, and an idle gap after
+    a parallel region costs microseconds of CPU: an idle thread must not take the other subject's cores (OpenMP's
+    default spins ~5 ms after each region)."""
+    import subprocess
+    import sys
+
+    from musacoder.verifier.judge import private_env, subject_omp
+
+    env = subject_omp()
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and int(env["GOMP_SPINCOUNT"]) <= 10_000
+    assert {k: private_env(tmp_path)[k] for k in env} == env
+    probe = ("import time, torch\ntorch.set_num_threads(2)\nx = torch.rand(1 << 20)\n"
+             "for _ in range(20): x.relu()\nc = time.process_time()\n"
+             "for _ in range(100): x.relu(); time.sleep(0.003)\nprint((time.process_time() - c) * 10)")
+    per_gap_ms = float(subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env, "OMP_NUM_THREADS": "2"},
+                                      capture_output=True, text=True, check=True).stdout)
+    assert per_gap_ms < 2.0  # the relu's own ~0.3 ms a call and the spin (OpenMP's default: ~5 ms here)
+
+
 def test_a_window_stops_early_only_once_the_quiet_gate_already_refuses_the_candidate():
     from musacoder.verifier.window import _convicted
 

@@ -89,13 +89,23 @@ def steady_malloc() -> dict:
     return {"GLIBC_TUNABLES": f"{own}:{steady}" if own else steady}
 
 
+def subject_omp() -> dict:
+    """OpenMP's wait in a subject (read once, when OpenMP loads): its idle threads sleep (PASSIVE) after a short spin
+    (GOMP_SPINCOUNT: 1,000 spins, microseconds) that carries them from one parallel region to the next within a
+    call. Without the spin every region paid a wake-up across cores, whose cost varied with what the other core was
+    doing: a 128x128 matmul on two threads of a 2-vCPU VM took 0.14 ms a call instead of 0.043 (docs/benchmarks.md).
+    The spin ends long before the other side's clock starts (Subject._switch_in prepares for 20 ms) and is CPU time
+    between blocks far under what the idle check allows (its floor is 20 ms)."""
+    return {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}
+
+
 def private_env(private: Path) -> dict:
     """A sandboxed subject's environment: its private directory (there, not in argv, which every process can read)
     and the caches that write into it. Triton's writes its files in place (backends/triton_cache.py) rather than
     renaming them across directories, which Landlock ABI 1 refuses."""
     return {"MUSACODER_PRIVATE": str(private), "TMPDIR": str(private), "TRITON_CACHE_DIR": str(private / "triton"),
             "TRITON_CACHE_MANAGER": "musacoder.backends.triton_cache:BesideCacheManager",
-            "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"), "OMP_WAIT_POLICY": "PASSIVE"}
+            "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"), **subject_omp()}
 
 
 @dataclass
@@ -261,7 +271,7 @@ class Judge:
              or auto_spares(usable_cores(), int(os.environ.get("MUSACODER_JUDGES_SHARING") or 1))) if use_device else 1
         self.zygote = None
         if os.environ.get("MUSACODER_FORK_SUBJECTS") != "0":
-            env = {"OMP_WAIT_POLICY": "PASSIVE"}  # read once, when OpenMP loads: must be set before the import
+            env = subject_omp()  # read once, when OpenMP loads: must be set before the import
             if self.threads:
                 env["OMP_NUM_THREADS"] = str(self.threads)
             if backend.device_type == "cpu":
