@@ -253,9 +253,11 @@ def test_vllm_engine_maps_trl_vllm_output(tiny_policy):
 
 
 @pytest.mark.parametrize("name", ["rl-tiny-cpu.yaml", "rl-gpu.yaml"])
-def test_shipped_configs_load_and_their_warm_start_data_resolve(name):
+def test_shipped_configs_load_and_their_warm_start_data_resolve(name, tmp_path):
     from pathlib import Path
 
+    from musacoder.data.records import write_records
+    from musacoder.train.data import load_eval_sets, mix
     from musacoder.train.rl.config import WarmStartSettings
     from musacoder.train.rl.trainer import _tasks
 
@@ -265,6 +267,12 @@ def test_shipped_configs_load_and_their_warm_start_data_resolve(name):
     records = warm_start_records(tasks, cfg.backend, cfg.one_shot, cfg.warm_start_examples)
     assert {r["task"] for r in records} == {t.key for t in tasks}  # every RL task has answers to learn from
     assert any(not r["metadata"]["honest"] for r in records)  # and cheats to unlearn
+    # the warm start's own eval check keeps them (the shipped eval set refused all 8 of the tiny run's as twins of
+    # the tasks it trains on, and `musacoder rl` stopped before its first step, 2026-11-29)
+    write_records(tmp_path / "solutions.jsonl", records)
+    ws = cfg.warm_start
+    m = mix([str(tmp_path / "solutions.jsonl")], 0, None, load_eval_sets(ws.eval_sets, ws.eval_detectors))
+    assert not m.refused and len(m.items) > 0
 
 
 def test_the_pretrained_rl_config_and_its_ablations_load():
