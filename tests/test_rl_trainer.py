@@ -22,6 +22,7 @@ from musacoder.train.rl.trainer import (  # noqa: E402
     METRICS,
     ROLLOUTS,
     build_trainer,
+    check_sft_prompts,
     train_rl,
     warm_start_records,
 )
@@ -289,6 +290,38 @@ def test_the_pretrained_rl_config_and_its_ablations_load():
     assert RLConfig.from_yaml(path, ["mirrorpop.mode=off"]).mirrorpop.mode == "off"
     with pytest.raises(ValueError, match="mirror, signed or off"):
         RLConfig.from_yaml(path, ["mirrorpop.mode=on"])
+
+
+def test_rl_refuses_a_model_fine_tuned_on_other_prompts_and_names_the_setting_that_fits(tmp_path):
+    """The SFT model's prompts are read through the sft_config.yaml `musacoder sft` writes beside final/."""
+    import yaml
+
+    from musacoder.data.records import write_records
+    from musacoder.train.sft import CONFIG, FINAL
+
+    sft = tmp_path / "sft"
+    (sft / FINAL).mkdir(parents=True)
+    answer = [{"role": "assistant", "content": "```python\npass\n```"}]
+    write_records(tmp_path / "data.jsonl", [{"messages": task_messages(RELU, "cpu", True) + answer,
+                                             "task": RELU.key}])
+    model = str(sft / FINAL)
+    check_sft_prompts(model, [RELU], "cpu", True)  # no sft_config.yaml: nothing to compare with
+    (sft / CONFIG).write_text(yaml.safe_dump({"data": [{"path": str(tmp_path / "data.jsonl")}]}))
+    check_sft_prompts(model, [RELU], "cpu", True)
+    with pytest.raises(ValueError, match="backend: cpu, one_shot: true asks"):
+        check_sft_prompts(model, [RELU], "cpu", False)
+    with pytest.raises(ValueError, match="backend: cpu, one_shot: true asks"):
+        check_sft_prompts(model, [RELU], "triton", True)
+    check_sft_prompts(model, [builtin_task("level1/23_Softmax")], "cpu", False)  # no shared task: nothing to compare
+
+
+def test_the_pretrained_rl_config_asks_as_synth_solve_asked_the_teacher():
+    """configs/rl-smollm2.yaml starts from SFT on `synth solve`'s answers (scripts/issue44_gpu.sh): its first turn is
+    theirs (RL asked without the one-shot example got 85% format errors, H200, 2026-11-29)."""
+    from pathlib import Path
+
+    cfg = RLConfig.from_yaml(Path(__file__).parents[1] / "configs" / "rl-smollm2.yaml")
+    assert cfg.one_shot and cfg.check_sft_prompts  # the inductor teacher's records: task_messages(t, backend)
 
 
 def test_hf_engine_hands_over_each_answer_as_it_ends(tiny_policy):

@@ -25,6 +25,7 @@ from musacoder.train import bf16_mixed
 from musacoder.train.data import Mix, draw, last_turn_mask, load_eval_sets, mix
 
 FINAL = "final"  # the output dir's subdirectory holding the trained model and tokenizer
+CONFIG = "sft_config.yaml"  # the run's settings, written beside FINAL when training ends
 
 
 @dataclass
@@ -344,5 +345,29 @@ def train_sft(cfg: SFTConfig) -> Path:
         trainer.save_model(str(final))  # on every rank: gathers sharded weights under DeepSpeed / FSDP
     if trainer.is_world_process_zero():
         _save_loss(out, trainer.state.log_history, trainer.args.world_size)
-        (out / "sft_config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        (out / CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     return final
+
+
+def trained_prompts(model: str | Path, keys: set[str], limit: int = 64) -> dict[str, list[dict]]:
+    """The first-turn prompts (the messages before the first answer) a `train_sft` model learned from, one per task
+    key in `keys`, at most `limit`: read through its CONFIG beside FINAL. {} where there is none or its data is gone."""
+    from musacoder.data.records import load_records
+
+    model = Path(model)
+    conf = next((d / CONFIG for d in (model, model.parent) if (d / CONFIG).is_file()), None)
+    if conf is None:
+        return {}
+    found: dict[str, list[dict]] = {}
+    for src in (yaml.safe_load(conf.read_text()) or {}).get("data") or []:
+        try:
+            records, _ = load_records(src)
+        except (DataError, TypeError, OSError):
+            continue
+        for r in records:
+            if r.task in keys and r.task not in found:
+                first = next((i for i, m in enumerate(r.messages) if m["role"] == "assistant"), len(r.messages))
+                found[r.task] = [{"role": m["role"], "content": m["content"]} for m in r.messages[:first]]
+                if len(found) >= limit:
+                    return found
+    return found

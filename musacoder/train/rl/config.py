@@ -70,6 +70,8 @@ class RLConfig(Settings):
     names: list[str] | str | None = None  # substring of a name, or a key such as "level1/19_ReLU"
     backend: str = "auto"  # prompt style and verifier backend: auto | cpu | cuda | triton
     one_shot: bool = True
+    # refuse to start when `model` was fine-tuned (`musacoder sft`) on this run's tasks in other prompts than the run's
+    check_sft_prompts: bool = True
     max_turns: AtLeast1 = 3  # 1: the single-turn warm-up
     group_size: Annotated[int, Field(ge=2)] = 8  # advantages are relative to the group
     prompts_per_step: AtLeast1 = 64

@@ -259,6 +259,27 @@ def warm_start(cfg: RLConfig, tasks: list[Task], backend: str) -> str:
     return str(final)
 
 
+def check_sft_prompts(model: str, tasks: list[Task], backend: str, one_shot: bool) -> None:
+    """ValueError when the model was fine-tuned (`musacoder sft`) on first turns of this run's tasks and none of them
+    reads as this run asks it: a policy asked in other words than it learned answers in other forms. RL from
+    SmolLM2's SFT model, asked without the one-shot example it was fine-tuned with, got 85% format errors and no
+    reward in 5 steps (H200, 2026-11-29)."""
+    from musacoder.conversation import STYLES
+    from musacoder.train.sft import trained_prompts
+
+    keys = {t.key: t for t in tasks}
+    seen = trained_prompts(model, set(keys))
+    if not seen or any(p == task_messages(keys[k], backend, one_shot) for k, p in seen.items()):
+        return
+    k, p = next(iter(seen.items()))
+    fits = [f"backend: {b}, one_shot: {str(o).lower()}" for b in STYLES for o in (True, False)
+            if p == task_messages(keys[k], b, o)]
+    raise ValueError(f"{model} was fine-tuned on prompts for {len(seen)} of these tasks, and none reads as this run "
+                     f"asks it (backend: {backend}, one_shot: {str(one_shot).lower()}); "
+                     + (f"they read as {fits[0]} asks" if fits else "they are worded otherwise")
+                     + ". Set the run's prompt to the model's, or check_sft_prompts: false to ask it in other words")
+
+
 def build_trainer(cfg: RLConfig):
     """A ready MirrorPop GRPOTrainer (not yet trained), with its rollout function and BDR buffer."""
     import trl
@@ -272,6 +293,8 @@ def build_trainer(cfg: RLConfig):
     backend = resolve(cfg.backend)
     tasks = _tasks(cfg)
     model_path = model_dir(cfg.model) if cfg.model else warm_start(cfg, tasks, backend)
+    if cfg.check_sft_prompts:
+        check_sft_prompts(model_path, tasks, backend, cfg.one_shot)
     tok = AutoTokenizer.from_pretrained(model_path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
