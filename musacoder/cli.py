@@ -257,7 +257,9 @@ def calibrate(backend: Backend = BackendOpt,
               kernelbench: bool = typer.Option(False, "--kernelbench",
                                                help="add KernelBench's in-process method as a column"),
               cache: Path | None = typer.Option(None, help="build cache (default: a new temporary one)"),
-              out: Path | None = typer.Option(None, help="also write the rows as JSON here")):
+              out: Path | None = typer.Option(None, help="also write the rows as JSON here, each as it is measured"),
+              resume: bool = typer.Option(False, "--resume", help="keep what --out holds from a run cut short on "
+                                          "this machine and measure only the rest (pass its --cache too)")):
     """Check the verifier's speedups against the same kernels timed in one process (do_bench on a GPU,
     torch.utils.benchmark on the cpu); exit 1 when a row disagrees beyond its tolerance."""
     from tabulate import tabulate
@@ -271,9 +273,11 @@ def calibrate(backend: Backend = BackendOpt,
         writable_dir(cache, "--cache")
     if out:
         writable_dir(out.parent, "--out")
+    elif resume:
+        fail("--resume continues the run whose rows --out holds: give --out")
     console.print(f"Calibrating the [bold]{resolved}[/bold] backend" + (f" ({why})" if why else ""))
     rows = run(resolved, quick, str(cache) if cache else None, str(out) if out else None, kernelbench,
-               log=lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"))
+               log=lambda msg: err.print(f"[dim]{escape(msg)}[/dim]"), resume=resume)
     head, *body = table(rows)
     print(tabulate(body, headers=head, tablefmt="github"))
     failed = sum(r["verdict"] == "FAIL" for r in rows)

@@ -53,8 +53,9 @@ def main() -> None:
             model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
 
     print(f"{dev}, batch {a.batch}, prompts {lo}-{hi} tokens, {a.new} new tokens, torch {torch.__version__}")
-    for name, kw, reps in (("dynamic cache, logits kept (HFEngine)", {"output_logits": True}, 1),
-                           ("dynamic cache", {}, 1), ("static cache (compiled)", {"cache_implementation": "static"}, 2)):
+    ways = (("dynamic cache, logits kept (HFEngine)", {"output_logits": True}, 1), ("dynamic cache", {}, 1),
+            ("static cache (compiled)", {"cache_implementation": "static"}, 2))
+    for name, kw, reps in ways:
         for rep in range(reps):
             if dev == "cuda":
                 torch.cuda.reset_peak_memory_stats()

@@ -4,7 +4,18 @@ command judges each row at 10%; on a shared 2-core machine both sides move by up
 (docs/benchmarks.md, 2026-11-28), so CI asserts what the per-call protocol got wrong: it read a 3x-faster fused kernel
 at 1.2x (a ratio of 0.4), and nothing now strays by half. The GPU table is in docs/benchmarks.md."""
 
+import json
+
+import pytest
+
 from musacoder.bench.calibrate import CASES, rows_for, run, table, tolerance
+
+
+@pytest.fixture(scope="module")
+def quick(cache_dir, tmp_path_factory):
+    """The quick cpu calibration, its rows and the JSON it wrote as it went."""
+    out = tmp_path_factory.mktemp("calibrate") / "cal.json"
+    return run("cpu", quick=True, cache=cache_dir, out=str(out), log=lambda *a: None), out
 
 
 def test_the_shipped_set_spans_the_four_families_and_sizes():
@@ -15,8 +26,8 @@ def test_the_shipped_set_spans_the_four_families_and_sizes():
     assert tolerance("cpu", 0.002) == 0.10
 
 
-def test_the_verifiers_cpu_speedups_agree_with_an_in_process_measurement(cache_dir):
-    rows = run("cpu", quick=True, cache=cache_dir, log=lambda *a: None)
+def test_the_verifiers_cpu_speedups_agree_with_an_in_process_measurement(quick, cache_dir):
+    rows, _ = quick
     assert rows and all(r["judge"]["status"] == "ok" for r in rows), [r["judge"] for r in rows]
     lines = table(rows)
     assert len(lines) == len(rows) + 1
@@ -34,3 +45,25 @@ def test_the_verifiers_cpu_speedups_agree_with_an_in_process_measurement(cache_d
         far = [r for r in again if not 0.5 < r.get("ratio", 0) < 2.0]
         lines += table(again)[1:]
     assert not far, "\n".join(" | ".join(line) for line in lines)
+
+
+def test_a_run_cut_short_resumes_measuring_only_what_it_lacks(quick, cache_dir, tmp_path):
+    """A device call's time limit cut the 32-core host's cpu calibration after 5 of its 10 verdicts (H200 host,
+    2026-11-29): `--resume` keeps what --out holds. Here: one row verified but not yet timed in process, one not
+    verified at all."""
+    rows, out = quick
+    saved = json.loads(out.read_text())
+    assert [r["verdict"] for r in saved["rows"]] == [r["verdict"] for r in rows]  # written as measured
+    first, second = saved["rows"][:2]
+    for k in ("truth", "tolerance", "ratio", "ratio_isolated", "verdict"):
+        first.pop(k)
+    saved["rows"][1] = {k: second[k] for k in ("family", "task", "sizes")}
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(saved))
+    said = []
+    again = run("cpu", quick=True, cache=cache_dir, out=str(cut), log=said.append, resume=True)
+    assert any("resumed: 1 of 2 rows verified" in m for m in said), said
+    assert sum("verified 1/1 (judge)" in m for m in said) == 1 and not any("verified 2/" in m for m in said), said
+    assert again[0]["judge"] == first["judge"]  # kept, not measured again
+    assert all("truth" in r and r["verdict"] in ("ok", "FAIL") for r in again)
+    assert json.loads(cut.read_text())["rows"][1]["judge"]["status"] == "ok"

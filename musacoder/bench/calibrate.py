@@ -254,8 +254,8 @@ def rows_for(backend: str, quick: bool) -> list[dict]:
     return rows
 
 
-def _verify(rows: list[dict], tasks: list, backend: str, cache: str, method: str, log) -> None:
-    """Each row through a pool with timing `method`; the verdict's figures into row[method]."""
+def _verify(rows: list[dict], tasks: list, backend: str, cache: str, method: str, log, done=lambda: None) -> None:
+    """Each row through a pool with timing `method`; the verdict's figures into row[method], then `done()`."""
     from musacoder.config import VerifyConfig
     from musacoder.pool.local import LocalPool
 
@@ -276,6 +276,7 @@ def _verify(rows: list[dict], tasks: list, backend: str, cache: str, method: str
                            "seconds": v.stage_seconds.get("total")}
             log(f"verified {i + 1}/{len(rows)} ({method}): {row['family']} {row['sizes']}: {v.status.value} "
                 f"{v.speedup_eager} (round trip a block, candidate and reference: {v.details.get('round_trip_ms')} ms)")
+            done()
 
 
 def _truth(rows: list[dict], backend: str, cache: str):
@@ -320,11 +321,30 @@ def _judge(row: dict, truth: dict, backend: str) -> None:
     row["verdict"] = "n/a" if tol is None else ("ok" if abs(row["ratio"] - 1) <= tol else "FAIL")
 
 
+def _resumed(rows: list[dict], out: str, backend: str) -> int:
+    """Copy into `rows` what `out` (an earlier run's JSON, cut short) measured for the same rows; how many it had."""
+    try:
+        saved = json.loads(Path(out).read_text())
+    except (OSError, ValueError):
+        return 0
+    if not isinstance(saved, dict) or saved.get("backend") != backend:
+        return 0
+    by_key = {_row_key(r): r for r in saved.get("rows", []) if isinstance(r, dict) and "judge" in r}
+    for row in rows:
+        if old := by_key.get(_row_key(row)):
+            row.update({k: v for k, v in old.items() if k not in ("task_code", "kernel_code", "kernel")})
+    return sum(_row_key(r) in by_key for r in rows)
+
+
+def _row_key(row: dict) -> tuple:
+    return row.get("family"), row.get("task"), json.dumps(row.get("sizes"), sort_keys=True)
+
+
 def run(backend: str = "auto", quick: bool = False, cache: str | None = None, out: str | None = None,
-        kernelbench: bool = False, log=print) -> list[dict]:
+        kernelbench: bool = False, log=print, resume: bool = False) -> list[dict]:
     """Verify, then time in one process, every row; the rows with both speedups and a verdict each. Each row's
     verdict is logged, and `out` written, as soon as it is known, before KernelBench's method runs: a run cut short
-    keeps its calibration."""
+    keeps its calibration, and `resume` (on the same machine) measures only what `out` lacks."""
     from musacoder.backends import resolve
     from musacoder.tasks.model import Task
 
@@ -346,8 +366,13 @@ def run(backend: str = "auto", quick: bool = False, cache: str | None = None, ou
             kept = [{k: v for k, v in r.items() if k not in ("task_code", "kernel_code")} for r in rows]
             Path(out).write_text(json.dumps({"backend": backend, "rows": kept}, indent=1))
 
-    _verify(rows, tasks, backend, cache, "judge", say)
-    for i, truth in _truth(rows, backend, cache):
+    if resume and out and (n := _resumed(rows, out, backend)):
+        say(f"resumed: {n} of {len(rows)} rows verified in {out}, {sum('truth' in r for r in rows)} timed in process")
+    if todo := [i for i, r in enumerate(rows) if "judge" not in r]:
+        _verify([rows[i] for i in todo], [tasks[i] for i in todo], backend, cache, "judge", say, save)
+    todo = [i for i, r in enumerate(rows) if "truth" not in r]
+    for j, truth in _truth([rows[i] for i in todo], backend, cache) if todo else ():
+        i = todo[j]
         row = rows[i]
         _judge(row, truth, backend)
         say(f"row {i + 1}/{len(rows)}: {row['family']} {row['sizes']}: in process {row['truth']['speedup']:.3f}, "
