@@ -1,10 +1,10 @@
 """Where a rollout's decoding time goes, without a checkpoint: SmolLM2-135M's shape with random weights, a batch of
 left-padded prompts as RL generates them, every reply forced to `--new` tokens (the length a batch runs to when one
 reply hits the limit). Prints ms a token step and tokens/s for Hugging Face `generate` as `HFEngine` calls it (dynamic
-cache, the logits kept for pi_rollout), without the logits, and with a static cache (which `generate` compiles: the
-first call pays for it), then the CUDA kernels a step spends its time in.
+cache, the logits kept for pi_rollout), without the logits, optionally with a static cache (which `generate` compiles:
+the first call pays for it) and other attention kernels, then the CUDA kernels a step spends its time in.
 
-    python scripts/decode_speed.py --batch 64 --prompt 1500-2500 --new 256
+    python scripts/decode_speed.py --batch 64 --prompt 1500-2500 --new 256 --static --attention
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--prompt", default="1500-2500", help="prompt lengths, drawn uniformly from LO-HI tokens")
     ap.add_argument("--new", type=int, default=256, help="tokens generated per reply")
     ap.add_argument("--profile-steps", type=int, default=32, help="token steps under the profiler (0: none)")
+    ap.add_argument("--static", action="store_true", help="also a static cache, which generate compiles")
+    ap.add_argument("--attention", action="store_true", help="also the math backend and HF's eager attention")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -53,8 +55,9 @@ def main() -> None:
             model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
 
     print(f"{dev}, batch {a.batch}, prompts {lo}-{hi} tokens, {a.new} new tokens, torch {torch.__version__}")
-    ways = (("dynamic cache, logits kept (HFEngine)", {"output_logits": True}, 1), ("dynamic cache", {}, 1),
-            ("static cache (compiled)", {"cache_implementation": "static"}, 2))
+    ways = [("dynamic cache, logits kept (HFEngine)", {"output_logits": True}, 1), ("dynamic cache", {}, 1)]
+    if a.static:
+        ways.append(("static cache (compiled)", {"cache_implementation": "static"}, 2))
     for name, kw, reps in ways:
         for rep in range(reps):
             if dev == "cuda":
@@ -67,6 +70,21 @@ def main() -> None:
             peak = f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if dev == "cuda" else ""
             print(f"{name}{' (call 2)' if rep else ''}: {dt:.1f} s, {1000 * dt / a.new:.1f} ms a token step, "
                   f"{a.batch * a.new / dt:.0f} tokens/s{peak}", flush=True)
+    if a.attention:  # the decode attention alone: torch's math backend, and HF's eager attention
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        for name, attn in (("sdpa, math backend only", "sdpa"), ("eager attention", "eager")):
+            model.set_attn_implementation(attn)
+            ctx = sdpa_kernel([SDPBackend.MATH]) if attn == "sdpa" else torch.no_grad()
+            sync()
+            t = time.perf_counter()
+            with ctx:
+                generate(a.new)
+            sync()
+            dt = time.perf_counter() - t
+            print(f"dynamic cache, {name}: {dt:.1f} s, {1000 * dt / a.new:.1f} ms a token step, "
+                  f"{a.batch * a.new / dt:.0f} tokens/s", flush=True)
+        model.set_attn_implementation("sdpa")
     if a.profile_steps:
         from torch.profiler import ProfilerActivity, profile
 

@@ -112,7 +112,8 @@ def _why(e: ValidationError, obj) -> str:
     return _FIELD_WHY[loc[0]] if len(loc) == 1 and loc[0] in _FIELD_WHY else brief(e)
 
 
-def _files(path: Path) -> list[Path]:
+def data_files(path: Path) -> list[Path]:
+    """A source's .jsonl files: the file, or those under the directory."""
     if path.is_dir():
         return sorted(path.rglob("*.jsonl"))
     if path.is_file():
@@ -124,7 +125,7 @@ def load_source(source: Source | str | Path | dict) -> tuple[list[Record], list[
     """All valid records of one source, and a Problem for every line that is not one."""
     src = Source.coerce(source)
     records, problems = [], []
-    for f in _files(Path(src.path)):
+    for f in data_files(Path(src.path)):
         with open(f, encoding="utf-8", errors="replace") as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():

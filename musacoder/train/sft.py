@@ -351,8 +351,9 @@ def train_sft(cfg: SFTConfig) -> Path:
 
 def trained_prompts(model: str | Path, keys: set[str], limit: int = 64) -> dict[str, list[dict]]:
     """The first-turn prompts (the messages before the first answer) a `train_sft` model learned from, one per task
-    key in `keys`, at most `limit`: read through its CONFIG beside FINAL. {} where there is none or its data is gone."""
-    from musacoder.data.records import load_records
+    key in `keys`, at most `limit`: read through its CONFIG beside FINAL, line by line (a large set is not loaded
+    whole). {} where there is none or its data is gone."""
+    from musacoder.data.records import Source, data_files
 
     model = Path(model)
     conf = next((d / CONFIG for d in (model, model.parent) if (d / CONFIG).is_file()), None)
@@ -361,13 +362,21 @@ def trained_prompts(model: str | Path, keys: set[str], limit: int = 64) -> dict[
     found: dict[str, list[dict]] = {}
     for src in (yaml.safe_load(conf.read_text()) or {}).get("data") or []:
         try:
-            records, _ = load_records(src)
-        except (DataError, TypeError, OSError):
+            files = data_files(Path(Source.coerce(src).path))
+        except (DataError, TypeError):
             continue
-        for r in records:
-            if r.task in keys and r.task not in found:
-                first = next((i for i, m in enumerate(r.messages) if m["role"] == "assistant"), len(r.messages))
-                found[r.task] = [{"role": m["role"], "content": m["content"]} for m in r.messages[:first]]
-                if len(found) >= limit:
-                    return found
+        for f in files:
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    try:
+                        rec = json.loads(line)
+                        task, messages = rec.get("task"), rec["messages"]
+                        if task not in keys or task in found:
+                            continue
+                        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+                        found[task] = [{"role": m["role"], "content": m["content"]} for m in messages[:first]]
+                    except (ValueError, KeyError, TypeError, AttributeError):
+                        continue  # not a record: training reports it
+                    if len(found) >= limit:
+                        return found
     return found
