@@ -45,8 +45,8 @@ def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
 
 def steps(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
-    if not path.exists():
-        return []
+    if not (run / "final" / "config.json").exists() or not path.exists():
+        return []  # not run, or not to its end
     return [r for r in map(json.loads, path.read_text().splitlines()) if "rl/reward_mean" in r]
 
 
@@ -57,7 +57,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS)}")
     ap.add_argument("--last", type=int, default=4, help="steps at the end each run is scored on")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], help="further settings, every run")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="further settings, every run; {seed} stands for the run's seed")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args()
     out = Path(a.out)
@@ -71,7 +72,7 @@ def main() -> None:
             if (run / "final" / "config.json").exists():
                 continue
             sets = [f"seed={seed}", f"output_dir={run}", f"warm_start.output_dir={out / f'warm-start-s{seed}'}",
-                    *ARMS[arm], *a.overrides]
+                    *ARMS[arm], *(o.format(seed=seed) for o in a.overrides)]
             print(f"== {arm}, seed {seed}", flush=True)
             cmd = [sys.executable, "-m", "musacoder.cli", "rl", "--config", a.config]
             for s in sets:
@@ -87,8 +88,9 @@ def main() -> None:
 def report(out: Path, arms: list[str], seeds: list[int], last: int) -> None:
     score: dict[str, dict[str, list[float]]] = {}
     curves: dict[str, list[list[float]]] = {}
+    same: dict[str, int] = {}  # seeds whose run is step for step the full arm's: its switch never changed a thing
     for arm in arms:
-        score[arm] = {"first_turn_pass": [], "reward": []}
+        score[arm] = {"first_turn_pass": [], "reward": [], "bdr_retries": [], "mirrorpop_drop": []}
         for seed in seeds:
             recs = steps(out / f"{arm}-s{seed}")
             if not recs:
@@ -96,9 +98,15 @@ def report(out: Path, arms: list[str], seeds: list[int], last: int) -> None:
             tail = recs[-last:]
             score[arm]["first_turn_pass"].append(statistics.fmean(r["rl/first_turn_pass"] for r in tail))
             score[arm]["reward"].append(statistics.fmean(r["rl/reward_mean"] for r in tail))
+            score[arm]["bdr_retries"].append(recs[-1].get("bdr/retries_total") or 0)
+            score[arm]["mirrorpop_drop"].append(statistics.fmean(r.get("mirrorpop/drop_frac") or 0 for r in recs))
             curves.setdefault(arm, []).append([r["rl/first_turn_pass"] for r in recs])
-    lines = [f"| arm | runs | first-turn pass, last {last} steps [95%] | vs full [95%] | reward [95%] |",
-             "|---|---:|---|---|---|"]
+            full = steps(out / f"full-s{seed}")
+            same[arm] = same.get(arm, 0) + (arm != "full" and bool(full) and
+                                            [r["rl/reward_mean"] for r in full] == [r["rl/reward_mean"] for r in recs])
+    lines = [f"| arm | runs | first-turn pass, last {last} steps [95%] | vs full [95%] | reward [95%] | "
+             "runs identical to full | BDR retries a run | MirrorPop's masked share |",
+             "|---|---:|---|---|---|---:|---:|---:|"]
     base = score.get("full", {}).get("first_turn_pass", [])
     for arm, s in score.items():
         if not s["first_turn_pass"]:
@@ -109,7 +117,8 @@ def report(out: Path, arms: list[str], seeds: list[int], last: int) -> None:
         if arm != "full" and base:
             vs = "{:+.3f} [{:+.3f}, {:+.3f}]".format(*welch(s["first_turn_pass"], base))
         lines.append(f"| {arm} | {len(s['reward'])} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {vs} | "
-                     f"{rm:.3f} [{rlo:.3f}, {rhi:.3f}] |")
+                     f"{rm:.3f} [{rlo:.3f}, {rhi:.3f}] | {'-' if arm == 'full' else same.get(arm, 0)} | "
+                     f"{statistics.fmean(s['bdr_retries']):.1f} | {statistics.fmean(s['mirrorpop_drop']):.4f} |")
     table = "\n".join(lines)
     print(table)
     (out / "ablation.md").write_text(table + "\n")
