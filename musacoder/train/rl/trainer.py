@@ -263,7 +263,7 @@ def check_sft_prompts(model: str, tasks: list[Task], backend: str, one_shot: boo
     """ValueError when the model was fine-tuned (`musacoder sft`) on first turns of this run's tasks and none of them
     reads as this run asks it: a policy asked in other words than it learned answers in other forms. RL from
     SmolLM2's SFT model, asked without the one-shot example it was fine-tuned with, got 85% format errors and no
-    reward in 5 steps (H200, 2026-11-29)."""
+    reward in 5 steps (2 x H200, 2026-11-29)."""
     from musacoder.conversation import STYLES
     from musacoder.train.sft import trained_prompts
 
