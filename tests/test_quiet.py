@@ -1,5 +1,7 @@
 """verifier/quiet.py and timing.left_running: the quiet gate."""
 
+import os
+import signal
 import time
 
 import torch
@@ -35,3 +37,44 @@ def test_quiet_gate_keeps_the_lowest_idle_latency_and_waits_out_a_busy_device(mo
     assert gate.quiet_ms < 3.0
     assert gate.wait("cand") >= 12.0 and gate.wait("ref") < 3.0
     assert gate.waits["cand"][0] >= 12.0 and len(gate.waits["ref"]) == 1
+
+
+def test_cpu_gate_sees_a_process_left_spinning_and_stops_it_until_the_next_block():
+    """A process that spins after 'forward' returned is busy in every sample and, once stopped, uses no CPU until
+    resumed; a sleeping process is not busy. Real processes: a shell loop stands in for exploit_32's native thread
+    (the exploit suite runs that; the gate reads the process's clock, all its threads)."""
+    import subprocess
+
+    from musacoder.proc.process import cpu_seconds
+    from musacoder.verifier.quiet import CpuGate
+
+    procs = [subprocess.Popen(["bash", "-c", "while :; do :; done"]), subprocess.Popen(["sleep", "60"])]
+    try:
+        time.sleep(0.2)  # both started
+        gates = [CpuGate(p.pid) for p in procs]
+        for g in gates:
+            for _ in range(4):
+                g.resume()
+                time.sleep(0.01)  # its block
+                g.stop()
+        busy, quiet = gates
+        assert "sampled after" in busy.busy() and not quiet.busy(), (busy.used_s, quiet.used_s, busy.sampled_s)
+        assert quiet.used_s < 0.002 and busy.used_s > 0.5 * busy.sampled_s
+        used = cpu_seconds(procs[0].pid)  # stopped by its last stop()
+        time.sleep(0.05)
+        assert cpu_seconds(procs[0].pid) - used < 0.002
+        busy.resume()
+        time.sleep(0.05)
+        assert cpu_seconds(procs[0].pid) - used > 0.02
+        # continued behind the judge's back (a process of its own sends SIGCONT; here the test does): its clock ran
+        # while it was to be stopped
+        assert "while stopped" not in busy.busy()
+        busy.stop()
+        os.kill(procs[0].pid, signal.SIGCONT)
+        time.sleep(0.05)
+        busy.resume()
+        assert "while stopped between its timed blocks" in busy.busy(), busy.stopped_ran_s
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -31,7 +31,6 @@ from musacoder.proc.process import (
     WorkerDied,
     WorkerProcess,
     WorkerTimeout,
-    cpu_seconds,
     descendants,
     usable_cores,
 )
@@ -94,8 +93,8 @@ def subject_omp() -> dict:
     (GOMP_SPINCOUNT: 1,000 spins, microseconds) that carries them from one parallel region to the next within a
     call. Without the spin every region paid a wake-up across cores, whose cost varied with what the other core was
     doing: a 128x128 matmul on two threads of a 2-vCPU VM took 0.14 ms a call instead of 0.043 (docs/benchmarks.md).
-    The spin ends long before the other side's clock starts (Subject._switch_in prepares for 20 ms) and is CPU time
-    between blocks far under what the idle check allows (its floor is 20 ms)."""
+    The spin ends long before the other side's clock starts (Subject._switch_in prepares for 20 ms), within the
+    judge's 3 ms sample of the candidate's CPU after a reply, far under what that allows (quiet.CpuGate)."""
     return {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}
 
 
@@ -846,9 +845,6 @@ class _Run:
         self.j._floor = min(now, self.j._floor or math.inf)
         return self.j._floor
 
-    def idle_cpu(self) -> _IdleCpu:
-        return _IdleCpu(self.cand.pid)
-
     def release_reference(self, ref: Subject):
         with stage(self.f, "close_reference_release"):
             try:
@@ -967,42 +963,3 @@ _TRANSFORM_LABELS = {"": "", "sign": ", sign-symmetric inputs", "neg": ", negati
                      "posfew": ", negative inputs but a few positive lines"}
 
 
-class _IdleCpu:
-    """CPU time a process uses between start() and stop(), summed over such windows. Per-thread run time in ns
-    (/proc/PID/task/*/schedstat) for threads alive at both ends, plus the process total from psutil (clock ticks, but it
-    keeps the time of threads that exited). Its OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE), so an honest
-    candidate uses ~0 between its reply and its next request."""
-
-    def __init__(self, pid: int):
-        self.pid, self.ns, self.ticks_s, self._t0 = pid, 0, 0.0, None
-
-    def _read(self) -> tuple[dict[str, int], float]:
-        threads = {}
-        try:
-            tids = os.listdir(f"/proc/{self.pid}/task")
-        except OSError:  # gone, or no /proc: nothing to measure
-            tids = []
-        for tid in tids:
-            try:
-                with open(f"/proc/{self.pid}/task/{tid}/schedstat") as f:
-                    threads[tid] = int(f.read().split()[0])
-            except OSError:
-                pass
-        return threads, cpu_seconds(self.pid)
-
-    def start(self):
-        self._t0 = self._read()
-
-    def stop(self):
-        if self._t0 is None:
-            return
-        (before, s0), (after, s1) = self._t0, self._read()
-        self.ns += sum(after[t] - before[t] for t in after if t in before)
-        self.ticks_s += max(0.0, s1 - s0)
-        self._t0 = None
-
-    def busy(self, reference_s: float) -> bool:
-        """More than 20 ms, or 20% of the time the reference was being timed, whichever is larger (an honest
-        process's bookkeeping after a reply stays far below; a thread left spinning does not)."""
-        limit = max(0.02, 0.2 * reference_s)
-        return self.ns / 1e9 > limit or self.ticks_s > max(limit, 0.03)

@@ -9,8 +9,8 @@ candidate's side (subject.op_block), so a fast kernel is not buried under the pr
 ~1 ms pulled a 2.8x kernel to 0.84x on an H200). After `done` each call's output is read back into a row of the
 judge's buffers and checked; the read-back is timed too, and a candidate whose read-back is clearly slower than the
 reference's (work deferred past `done`) has its speed counted with the read-back on both sides. What the candidate
-could do between its blocks is watched as before: stopped and the device's quiet awaited (quiet.py), CPU time used
-after a block (cpu).
+could do between its blocks is watched as before (quiet.py): its process stopped, and the device's quiet awaited or
+(cpu) its CPU time sampled first.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
-from musacoder.proc.process import WorkerDied, WorkerTimeout, cpu_seconds, stop_and_wait
+from musacoder.proc.process import WorkerDied, WorkerTimeout, cpu_seconds, descendants, stop_and_wait
 from musacoder.verifier import buffers
 from musacoder.verifier.correctness import compare
 from musacoder.verifier.inputs import Shape, fill_inputs, raw_inputs, tensor_bytes
 from musacoder.verifier.protocol import SubjectCommand, SubjectReply, Timing
-from musacoder.verifier.quiet import QuietGate
+from musacoder.verifier.quiet import CpuGate, QuietGate
 from musacoder.verifier.stages import stage
 from musacoder.verifier.timing import (
     BLOCK_OVERRUN,
@@ -119,11 +119,12 @@ class Window:
                 return False
         with stage(f, "timing_allocate"):
             self._allocate()
-        idle = run.idle_cpu()
         self.spares = [self.j.spares_starting()]
-        gate = QuietGate(run.cand.pid, self.j.device, backend.synchronize) if self.j.device.type != "cpu" else None
+        cpu = self.j.device.type == "cpu"
+        gate = QuietGate(run.cand.pid, self.j.device, backend.synchronize) if not cpu else None
+        held = CpuGate(run.cand.pid) if cpu else None
         try:
-            if not self._rounds(gate, idle):
+            if not self._rounds(gate, held):
                 return False
         except (WorkerTimeout, WorkerDied):
             raise
@@ -131,9 +132,7 @@ class Window:
             f.timing_error = str(e)[-2000:]
             return False
         finally:
-            if gate is not None:
-                gate.resume()
-        idle.stop()
+            (gate or held).resume()
         self.spares.append(self.j.spares_starting())
         if self._stopped_meanwhile(continued):
             return False
@@ -143,7 +142,7 @@ class Window:
             return True
         if gate is not None and self._left_running(gate):
             return False
-        if self._cpu_used_between_blocks(idle) or self._faster_than_probed(None if gate is None else gate.waits):
+        if self._cpu_used_after_blocks(held) or self._faster_than_probed(None if gate is None else gate.waits):
             return False
         self._report(floor, None if gate is None else gate.waits)
         return False
@@ -162,10 +161,12 @@ class Window:
             except ProcessLookupError:  # it died: its next command says so
                 pass
 
-    def _rounds(self, gate: QuietGate | None, idle) -> bool:
+    def _rounds(self, gate: QuietGate | None, held: CpuGate | None) -> bool:
         """The window's rounds until the stop rule (_enough) ends them: each round fresh inputs, one block of each arm
         in a secret order, every call's output checked, then (after the warm-up rounds) its times recorded. False: a
-        timed call's output was wrong (f.spot_check says which)."""
+        timed call's output was wrong (f.spot_check says which), or the candidate's process had a process of its own
+        running after the round (f.processes_spawned: one that ended before the count after the window was never
+        seen, exploit `cpu/exploit_74`)."""
         f = self.f
         t_begin, rounds = time.perf_counter(), 0
         while True:
@@ -177,11 +178,15 @@ class Window:
             with stage(f, "timing_blocks"):
                 for arm in order:
                     if arm in self.arms:
-                        got[arm] = self._block(arm, gate, idle)
+                        got[arm] = self._block(arm, gate, held)
             with stage(f, "timing_check"):
                 problem = self._check_rows(rounds)
             if problem:
                 f.spot_check = problem
+                return False
+            spawned = descendants(self.run.cand.pid)
+            if spawned:  # started while timed (the trials' count saw none): it ran beside the reference
+                f.processes_spawned = len(spawned)
                 return False
             if rounds >= self.cfg.timing.warmup:
                 self._record(got)
@@ -241,14 +246,13 @@ class Window:
         self.f.busy_after_return = left_running(waits["cand"], waits["ref"], quiet_after_kill)
         return bool(self.f.busy_after_return)
 
-    def _cpu_used_between_blocks(self, idle) -> bool:
-        """cpu: the candidate's process computed between its timed blocks (work left running in the background), a
-        refusal."""
-        if self.j.backend.device_type == "cpu" and idle.busy(sum(self.ms["ref"]) * self.calls / 1e3):
-            self.f.busy_after_return = (f"the candidate process used {idle.ns / 1e6:.1f} ms of CPU after forward "
-                                        "returned, between its timed blocks (work left running in the background)")
-            return True
-        return False
+    def _cpu_used_after_blocks(self, held: CpuGate | None) -> bool:
+        """cpu: the candidate's process computed after its timed blocks had returned (work left running in the
+        background; quiet.CpuGate), a refusal."""
+        problem = "" if held is None else held.busy()
+        if problem:
+            self.f.busy_after_return = problem
+        return bool(problem)
 
     def _faster_than_probed(self, waits) -> bool:
         """The candidate's own slow probe capped the blocks and its timed calls then ran far faster (timing.
@@ -293,7 +297,7 @@ class Window:
         return [ms - x for ms, x in zip(self.clock[arm], own)]
 
     # ---- one block ------------------------------------------------------------------------------------------------
-    def _block(self, arm: str, gate: QuietGate | None, idle) -> Block | None:
+    def _block(self, arm: str, gate: QuietGate | None, held: CpuGate | None) -> Block | None:
         """One block of `arm` after a flushed cache on a synchronised device (None: a compile baseline that could
         not be captured, left out)."""
         run, backend = self.run, self.j.backend
@@ -307,9 +311,7 @@ class Window:
                              outputs=None if rows is None else rows[1])
         self.sent[arm] = True
         if arm == "cand":
-            idle.stop()
-            if gate is not None:
-                gate.resume()
+            (gate or held).resume()
             subject, on_build = run.cand, run.j._serve_builds(run.builds)
         else:
             subject, on_build = run.j._reference(), None
@@ -335,9 +337,7 @@ class Window:
             return None
         if arm == "cand":
             run.note(r)
-            idle.start()  # from its reply to its next block, the candidate's process must not compute
-            if gate is not None:
-                gate.stop()
+            (gate or held).stop()  # from its reply to its next block nothing of the candidate's process runs
         if not r.ok:
             raise RuntimeError(r.error)
         if r.misfit >= 0:
