@@ -13,6 +13,7 @@ import argparse
 import time
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from musacoder.hfdecode import decoding_attention
@@ -48,10 +49,11 @@ def main() -> None:
         if dev == "cuda":
             torch.cuda.synchronize()
 
-    def generate(new: int, **kw):
+    def generate(new: int, backends=None, **kw):
         cfg = GenerationConfig(do_sample=True, temperature=0.9, top_p=0.95, max_new_tokens=new, min_new_tokens=new,
                                pad_token_id=0, eos_token_id=[2], return_dict_in_generate=True, **kw)
-        with torch.no_grad(), decoding_attention():
+        # `backends`: in place of decoding_attention's (a context around it would be overridden by it)
+        with torch.no_grad(), decoding_attention() if backends is None else sdpa_kernel(backends):
             model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
 
     print(f"{dev}, batch {a.batch}, prompts {lo}-{hi} tokens, {a.new} new tokens, torch {torch.__version__}")
@@ -71,15 +73,11 @@ def main() -> None:
             print(f"{name}{' (call 2)' if rep else ''}: {dt:.1f} s, {1000 * dt / a.new:.1f} ms a token step, "
                   f"{a.batch * a.new / dt:.0f} tokens/s{peak}", flush=True)
     if a.attention:  # the decode attention alone: torch's math backend, and HF's eager attention
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
         for name, attn in (("sdpa, math backend only", "sdpa"), ("eager attention", "eager")):
             model.set_attn_implementation(attn)
-            ctx = sdpa_kernel([SDPBackend.MATH]) if attn == "sdpa" else torch.no_grad()
             sync()
             t = time.perf_counter()
-            with ctx:
-                generate(a.new)
+            generate(a.new, backends=[SDPBackend.MATH] if attn == "sdpa" else None)
             sync()
             dt = time.perf_counter() - t
             print(f"dynamic cache, {name}: {dt:.1f} s, {1000 * dt / a.new:.1f} ms a token step, "
