@@ -5,16 +5,19 @@
 # the SFT model (configs/rl-smollm2.yaml) with each of PrimeEcho, BDR and MirrorPop turned off in turn, each arm
 # benched the same way. Every step skips what is done (a marker in WORK/done), so a device lease that ends is resumed
 # by running it again; arms run side by side, one GPU each, where there are several.
-#   scripts/issue44_gpu.sh DATA WORK GGUF [STEP...]      STEP: setup solve sft bench rl rlbench report (default: all)
+#   scripts/issue44_gpu.sh DATA WORK GGUF [STEP...]      STEP: setup solve repair sft bench rl rlbench report (default: all)
+# `repair`: `synth repair` on the teacher's answers (a bug injected, the mutant verified, the verifier's feedback as a
+# second user turn, the teacher's answer as the fix): SFT learns RL's second turn from these. Without them, RL's second
+# turns were format errors 85% of the time (H200, 2026-11-29: the SFT records were single-turn).
 # Knobs (environment): GPUS (default: all visible), SAMPLES (8), RL_STEPS (20), RL_ARMS (all four), SOLVE_WORKERS (16),
-# SFT_EPOCHS (3), BACKEND (triton; the answers' language throughout: the teacher's, the benches', RL's), MAX_TOKENS
+# SFT_EPOCHS (3), REPAIR_PER (mutants a teacher answer: 1), BACKEND (triton; the answers' language throughout: the teacher's, the benches', RL's), MAX_TOKENS
 # (1536), GEN_BATCH (128: the benches' generation batch; bench's own default of 8 made the 4-shot baseline's 236
 # samples 30 batches), JUDGES (8: a bench's judges on its GPU for the generated sets; KernelBench's get 2: with 4, references
 # ran out of an H200's memory on its 6 GiB inputs), and SFT_SET, RL_SET: further KEY=VALUE settings, space-separated (a dry run on the cpu:
 # BACKEND=cpu, small ones).
 set -euo pipefail
 DATA=$(realpath "$1"); mkdir -p "$2"; WORK=$(realpath "$2"); GGUF=$(realpath "$3"); shift 3
-STEPS=${*:-setup solve sft bench rl rlbench report}
+STEPS=${*:-setup solve repair sft bench rl rlbench report}
 M=${MUSACODER:-musacoder}
 NGPU=$(python -c "import torch; print(max(torch.cuda.device_count(), 1))")  # the cpu: one "GPU" slot, unused
 read -r -a G <<< "${GPUS:-$(seq -s ' ' 0 $((NGPU - 1)))}"
@@ -62,12 +65,21 @@ if want solve && ! done_ solve; then
     --eval "$DATA/kb_l1_19_32.jsonl" > "$WORK/logs/card.log" 2>&1 || log "card failed: $(tail -c 300 "$WORK/logs/card.log")"
 fi
 
+if want repair && done_ solve && ! done_ repair; then
+  devs=$(for i in "${!G[@]}"; do printf '%s ' $i $i $i $i $i $i; done)
+  CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${G[*]}") $M synth repair --solutions "$WORK/solve" --out "$WORK/repair" \
+    --tasks "$DATA/train.jsonl" --backend "$BACKEND" --per-solution "${REPAIR_PER:-1}" $(judges "$devs") \
+    > "$WORK/logs/repair.log" 2>&1 && mark repair || log "repair failed: $(tail -c 400 "$WORK/logs/repair.log")"
+fi
+# SFT's records: the teacher's answers, and the repair conversations where `repair` made them
+SFT_DATA="{path: $WORK/solve/sft.jsonl}"; done_ repair && SFT_DATA+=", {path: $WORK/repair/repair.jsonl}"
+
 # the baselines need no SFT model: they run beside it on the other GPUs
 if want bench || want sft; then
   pids=()
   if want sft && ! done_ sft; then
     CUDA_VISIBLE_DEVICES=${G[0]} $M sft --config configs/sft-smollm2-synth.yaml \
-      --set "data=[{path: $WORK/solve/sft.jsonl}]" --set "model=$WORK/smollm2" --set "output_dir=$WORK/sft" \
+      --set "data=[$SFT_DATA]" --set "model=$WORK/smollm2" --set "output_dir=$WORK/sft" \
       --set "eval_sets=[builtin, $DATA/eval.jsonl, $DATA/kernelbench.jsonl]" --set "num_train_epochs=$SFT_EPOCHS" \
       "${SFT_ARGS[@]}" > "$WORK/logs/sft.log" 2>&1 && mark sft &
     pids+=($!)

@@ -70,3 +70,23 @@ def test_issue44_rl_arms_can_be_one(tmp_path):
     (work / "done" / "sft").touch()
     runs = _issue44_gpu(tmp_path, data, work, "rl", RL_ARMS="full")
     assert len(runs) == 1 and f"output_dir={work}/rl/full" in _settings(runs[0])
+
+
+def test_issue44_sft_learns_the_second_turn_from_repair_records(tmp_path):
+    """`repair` runs `synth repair` on the teacher's answers with the GPUs' judges, and SFT then trains on its repair
+    conversations beside the answers (RL's second turns were format errors 85% of the time on an H200 without them);
+    where repair did not finish, SFT trains on the answers alone."""
+    data, work = tmp_path / "data", tmp_path / "work"
+    (data / "twins").mkdir(parents=True)
+    (work / "done").mkdir(parents=True)
+    (work / "done" / "solve").touch()
+    runs = _issue44_gpu(tmp_path, data, work, "repair")
+    assert [argv[:2] for argv in runs] == [["synth", "repair"]]
+    assert runs[0][runs[0].index("--solutions") + 1] == f"{work}/solve" and _settings(runs[0]) == ["devices=[0,0,0,0,0,0]"]
+    assert (work / "done" / "repair").exists()
+    sft = _issue44_gpu(tmp_path, data, work, "sft")[-1]
+    assert f"data=[{{path: {work}/solve/sft.jsonl}}, {{path: {work}/repair/repair.jsonl}}]" in _settings(sft)
+    (work / "done" / "repair").unlink()
+    (work / "done" / "sft").unlink()
+    sft = _issue44_gpu(tmp_path, data, work, "sft")[-1]
+    assert f"data=[{{path: {work}/solve/sft.jsonl}}]" in _settings(sft)

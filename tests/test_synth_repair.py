@@ -321,7 +321,8 @@ def test_cli_reports_and_refuses_bad_input(repaired, tmp_path, capsys):
     assert "0 mutants tried on 3 solutions" in err
     for bad, says in ((["--solutions", str(tmp_path / "none")], "does not exist"),
                       (["--backend", "metal"], "--backend must be cpu, cuda, triton, musa or musa-on-cuda"),
-                      (["--operators", "off_by_one,typo"], "unknown operator(s) typo")):
+                      (["--operators", "off_by_one,typo"], "unknown operator(s) typo"),
+                      (["--set", "no_such_setting=1"], "--set:")):
         args = dict(zip(run[2::2], run[3::2]))
         args.update(dict(zip(bad[::2], bad[1::2])))
         with pytest.raises(SystemExit) as e:

@@ -184,7 +184,10 @@ def repair(solutions: Path = typer.Option(..., help="solutions.jsonl of `synth s
            seed: int = typer.Option(0, help="picks the operators and where they inject the bug"),
            backend: str = typer.Option("cpu", help="cpu, cuda, triton, musa or musa-on-cuda: the solutions of this "
                                                    "backend, verified on it"),
-           operators: str | None = typer.Option(None, help="comma-separated mutation operators (default: all)")):
+           operators: str | None = typer.Option(None, help="comma-separated mutation operators (default: all)"),
+           set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE",
+                                          help="a verifier setting, YAML value; repeatable (devices=[0,0]: two device "
+                                               "workers on GPU 0)")):
     """Stage 3a: inject realistic bugs into verified solutions, verify each mutant with MooreEval, and write the
     failing ones as repair (with the verifier's real feedback) and reviewer records. --tasks: the tasks `synth
     solve` ran on (default: the shipped ones). Resumable."""
@@ -215,10 +218,14 @@ def repair(solutions: Path = typer.Option(..., help="solutions.jsonl of `synth s
         loaded = load_solutions(solutions, select_tasks(tasks), backend)
     except (SolutionsError, TaskLoadError, OSError) as e:
         fail(e)
+    try:  # correctness only: a mutant's verdict is its feedback
+        vcfg = VerifyConfig.from_options({"backend": backend, "timing_enabled": False}, set_)
+    except ValueError as e:
+        fail(f"--set: {e}")
     _usable(loaded, str(solutions), f"status ok, backend {backend}, a known task")
     with LoggedProgress(console=err, transient=True) as bar:
         job = bar.add_task("verifying mutants", total=None)
-        summary = repair_records(loaded.solutions, out, VerifyConfig(backend=backend, timing_enabled=False),
+        summary = repair_records(loaded.solutions, out, vcfg,
                                  per_solution, seed, lambda stage, i, n: bar.update(job, completed=i, total=n), ops)
     still = summary["dropped"].get(STILL_PASSES, 0)
     other = sum(summary["dropped"].values()) - still
