@@ -184,6 +184,32 @@ def test_warm_start_records_pick_catalog_examples_cheats_included():
         warm_start_records(tasks, "cpu", False, ["cpu/nope.py"])
 
 
+def test_warm_start_repairs_are_a_cheat_its_real_feedback_and_the_honest_answer(cache_dir):
+    """`warm_start_repairs`: a cheat among the warm start's examples, verified for real, becomes a conversation as
+    RL's second turn builds it (Episode.messages), answered by the task's honest example."""
+    from musacoder.api import get_verifier
+    from musacoder.config import VerifyConfig
+    from musacoder.episode import Episode
+    from musacoder.train.rl.trainer import repair_records
+
+    records = warm_start_records([RELU], "cpu", False, ["cpu/honest_relu.py", "cpu/exploit_01_fallback_relu.py"])
+    verifier = get_verifier(VerifyConfig(backend="cpu", cache_dir=cache_dir, timing_enabled=False))
+    try:
+        (rep,) = repair_records(records, [RELU], verifier.verdicts)
+        (v,) = verifier.verdicts([(RELU, records[1]["messages"][-1]["content"])])
+        assert repair_records(records[:1], [RELU], verifier.verdicts) == []  # no cheat: nothing to repair
+    finally:
+        verifier.close()
+    assert v.status.value == "illegal"
+    ep = Episode(task=RELU, first=records[1]["messages"][:-1], max_turns=2)
+    ep.record(records[1]["messages"][-1]["content"], v)
+    assert rep["messages"][:-1] == ep.messages()  # the prompt of RL's second turn after this cheat
+    assert v.feedback.strip() in rep["messages"][-2]["content"]  # the verifier's own feedback
+    assert rep["messages"][-1] == records[0]["messages"][-1]  # the honest answer
+    assert rep["metadata"] == {"source": "cpu/exploit_01_fallback_relu.py -> cpu/honest_relu.py", "honest": True,
+                               "repair": "illegal"}
+
+
 def test_warm_start_runs_sft_with_the_rl_runs_defaults(tmp_path, monkeypatch):
     import importlib
 

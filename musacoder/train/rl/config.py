@@ -62,6 +62,9 @@ class RLConfig(Settings):
     # Catalog files (musacoder/examples, e.g. "cpu/exploit_01_fallback_relu.py") the warm start trains on, cheats
     # included: a policy that sometimes cheats gives RL something to unlearn. None: the tasks' honest examples.
     warm_start_examples: list[str] | None = None
+    # The warm start also trains on repair conversations: each cheat among its examples, the verifier's real feedback
+    # on it as RL's second turn, then an honest answer to its task (trainer.repair_records). For max_turns > 1.
+    warm_start_repairs: bool = False
     output_dir: Annotated[str, ConfigPath()] = "runs/rl"
     tasks: Annotated[str | None, ConfigPath()] = None  # task file or directory; None: the shipped tasks
     # the same selection as the command line's --levels/--ids/--names: lists, or comma-separated strings

@@ -237,8 +237,31 @@ def warm_start_records(tasks: list[Task], backend: str, one_shot: bool, files: l
             for e in chosen]
 
 
-def warm_start(cfg: RLConfig, tasks: list[Task], backend: str) -> str:
-    """Run the SFT warm start (skipped when its final model exists); returns the model directory."""
+def repair_records(records: list[dict], tasks: list[Task], verdicts) -> list[dict]:
+    """`warm_start_repairs`: repair conversations from the warm start's own records. Each cheat's answer is verified
+    for real (`verdicts`, the run's verifier) and followed by the verifier's feedback as RL's second turn puts it
+    (episode.conversation), then by each honest answer to its task. A policy never shown a second turn repairs nothing
+    there: the toy's two-turn PrimeEcho ablation saw no repair in 48 steps, SmolLM2's second turns were 85% format
+    errors (docs/benchmarks.md)."""
+    from musacoder.conversation import conversation
+
+    keys = {t.key: t for t in tasks}
+    honest = {k: [r for r in records if r["task"] == k and r["metadata"]["honest"]] for k in keys}
+    cheats = [r for r in records if not r["metadata"]["honest"] and honest.get(r["task"])]
+    out = []
+    for r, v in zip(cheats, verdicts([(keys[r["task"]], r["messages"][-1]["content"]) for r in cheats])):
+        if v.passed:  # nothing to repair
+            continue
+        turns = conversation(r["messages"][:-1], [(r["messages"][-1]["content"], v.feedback, v.passed)])
+        out += [{"messages": turns + [h["messages"][-1]], "task": r["task"],
+                 "metadata": {"source": f"{r['metadata']['source']} -> {h['metadata']['source']}", "honest": True,
+                              "repair": v.status.value}} for h in honest[r["task"]]]
+    return out
+
+
+def warm_start(cfg: RLConfig, tasks: list[Task], backend: str, verdicts=None) -> str:
+    """Run the SFT warm start (skipped when its final model exists); returns the model directory. `verdicts`: the
+    run's verifier, for `warm_start_repairs`."""
     from musacoder.data.records import write_records
     from musacoder.train.sft import FINAL as SFT_FINAL
     from musacoder.train.sft import train_sft
@@ -250,6 +273,9 @@ def warm_start(cfg: RLConfig, tasks: list[Task], backend: str) -> str:
         records = warm_start_records(tasks, backend, cfg.one_shot, cfg.warm_start_examples)
         if not records:
             raise ValueError(f"no shipped {backend} solutions for the RL tasks to warm-start on")
+        sft_final = Path(ws.output_dir or out) / SFT_FINAL
+        if cfg.warm_start_repairs and not (sft_final / "config.json").exists():
+            records += repair_records(records, tasks, verdicts)
         write_records(out / "solutions.jsonl", records)
         data = [str(out / "solutions.jsonl")]
     sft = replace(ws, output_dir=ws.output_dir or str(out), seed=cfg.seed if ws.seed is None else ws.seed, data=data)
@@ -292,15 +318,15 @@ def build_trainer(cfg: RLConfig):
     out.mkdir(parents=True, exist_ok=True)
     backend = resolve(cfg.backend)
     tasks = _tasks(cfg)
-    model_path = model_dir(cfg.model) if cfg.model else warm_start(cfg, tasks, backend)
+    # the service's own settings apply there; its token comes from the environment, never from the config
+    verifier = get_verifier(replace(cfg.verify, backend=backend), cfg.verifier_url, os.environ.get("MUSACODER_TOKEN"))
+    model_path = model_dir(cfg.model) if cfg.model else warm_start(cfg, tasks, backend, verifier.verdicts)
     if cfg.check_sft_prompts:
         check_sft_prompts(model_path, tasks, backend, cfg.one_shot)
     tok = AutoTokenizer.from_pretrained(model_path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=cfg.dtype)
-    # the service's own settings apply there; its token comes from the environment, never from the config
-    verifier = get_verifier(replace(cfg.verify, backend=backend), cfg.verifier_url, os.environ.get("MUSACODER_TOKEN"))
     buffer = RetryBuffer(cfg.bdr, seed=cfg.seed)
     rollouts = Rollouts(cfg, tasks, backend, verifier, buffer)
     # every step sees prompts_per_step prompts: repeat the (usually few) tasks to fill at least one step
