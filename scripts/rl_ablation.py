@@ -50,6 +50,16 @@ def steps(run: Path) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if "rl/reward_mean" in r]
 
 
+def repaired(run: Path) -> tuple[int, int]:
+    """A run's fresh trajectories whose first turn failed and that took a second: (those the second turn passed, all
+    of them); BDR's retries, which start from an earlier answer, left out."""
+    path = run / "rollouts.jsonl"
+    rows = [r for r in map(json.loads, path.read_text().splitlines())] if path.exists() else []
+    second = [r["turns"][1] for r in rows if not r.get("repair") and len(r["turns"]) > 1
+              and r["turns"][0]["status"] != "ok"]
+    return sum(t["status"] == "ok" for t in second), len(second)
+
+
 def _sampled(recs: list[dict]) -> list[tuple]:
     """What a run's policy did each step, apart from how its arm scores it (PrimeEcho's reward differs by design)."""
     return [(r["rl/first_turn_pass"], r["rl/best_turn_pass"], r["rl/mean_turns"]) for r in recs]
@@ -90,12 +100,17 @@ def main() -> None:
     report(out, arms, seeds, a.last)
 
 
+def _share(k: int, n: int) -> str:
+    return f"{k} of {n} ({k / n:.0%})" if n else "- (one turn)"
+
+
 def report(out: Path, arms: list[str], seeds: list[int], last: int) -> None:
     score: dict[str, dict[str, list[float]]] = {}
     curves: dict[str, list[list[float]]] = {}
     same: dict[str, int] = {}  # seeds whose policy sampled as the full arm's did, step for step: its switch did nothing
     for arm in arms:
-        score[arm] = {"first_turn_pass": [], "reward": [], "bdr_retries": [], "mirrorpop_drop": []}
+        score[arm] = {"first_turn_pass": [], "reward": [], "bdr_retries": [], "mirrorpop_drop": [],
+                      "turn2_repaired": [], "turn2_tried": []}
         for seed in seeds:
             recs = steps(out / f"{arm}-s{seed}")
             if not recs:
@@ -106,11 +121,15 @@ def report(out: Path, arms: list[str], seeds: list[int], last: int) -> None:
             score[arm]["bdr_retries"].append(recs[-1].get("bdr/retries_total") or 0)
             score[arm]["mirrorpop_drop"].append(statistics.fmean(r.get("mirrorpop/drop_frac") or 0 for r in recs))
             curves.setdefault(arm, []).append([r["rl/first_turn_pass"] for r in recs])
+            k, n = repaired(out / f"{arm}-s{seed}")
+            score[arm]["turn2_repaired"].append(k)
+            score[arm]["turn2_tried"].append(n)
             full = steps(out / f"full-s{seed}")
             same[arm] = same.get(arm, 0) + (arm != "full" and bool(full) and _sampled(full) == _sampled(recs))
     lines = [f"| arm | runs | first-turn pass, last {last} steps [95%] | vs full [95%] | reward [95%] | "
-             "runs identical to full | BDR retries a run | MirrorPop's masked share |",
-             "|---|---:|---|---|---|---:|---:|---:|"]
+             "runs identical to full | BDR retries a run | MirrorPop's masked share | failed first turns a second "
+             "turn repaired |",
+             "|---|---:|---|---|---|---:|---:|---:|---|"]
     base = score.get("full", {}).get("first_turn_pass", [])
     for arm, s in score.items():
         if not s["first_turn_pass"]:
@@ -122,7 +141,8 @@ def report(out: Path, arms: list[str], seeds: list[int], last: int) -> None:
             vs = "{:+.3f} [{:+.3f}, {:+.3f}]".format(*welch(s["first_turn_pass"], base))
         lines.append(f"| {arm} | {len(s['reward'])} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {vs} | "
                      f"{rm:.3f} [{rlo:.3f}, {rhi:.3f}] | {'-' if arm == 'full' else same.get(arm, 0)} | "
-                     f"{statistics.fmean(s['bdr_retries']):.1f} | {statistics.fmean(s['mirrorpop_drop']):.4f} |")
+                     f"{statistics.fmean(s['bdr_retries']):.1f} | {statistics.fmean(s['mirrorpop_drop']):.4f} | "
+                     f"{_share(sum(s['turn2_repaired']), sum(s['turn2_tried']))} |")
     table = "\n".join(lines)
     print(table)
     (out / "ablation.md").write_text(table + "\n")

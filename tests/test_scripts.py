@@ -90,3 +90,26 @@ def test_issue44_sft_learns_the_second_turn_from_repair_records(tmp_path):
     (work / "done" / "sft").unlink()
     sft = _issue44_gpu(tmp_path, data, work, "sft")[-1]
     assert f"data=[{{path: {work}/solve/sft.jsonl}}]" in _settings(sft)
+
+
+def test_rl_ablation_counts_the_failed_first_turns_a_second_turn_repaired(tmp_path):
+    """scripts/rl_ablation.py's report: of the fresh trajectories whose first turn failed and that took a second turn,
+    how many the second passed (BDR's retries, which start from an earlier answer, left out)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rl_ablation", ROOT / "scripts" / "rl_ablation.py")
+    abl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(abl)
+    run = tmp_path / "full-s0"
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "config.json").write_text("{}")
+    step = {"rl/reward_mean": 0.5, "rl/first_turn_pass": 0.25, "rl/best_turn_pass": 0.75, "rl/mean_turns": 1.75}
+    (run / "metrics.jsonl").write_text(json.dumps(step) + "\n")
+    turns = [[{"status": "ok"}], [{"status": "illegal"}, {"status": "ok"}], [{"status": "incorrect"},
+             {"status": "format_error"}]]
+    rows = [{"step": 1, "repair": False, "turns": t} for t in turns]
+    rows.append({"step": 1, "repair": True, "turns": turns[1]})  # a BDR retry
+    (run / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert abl.repaired(run) == (1, 2)
+    abl.report(tmp_path, ["full"], [0], last=1)
+    assert "| 1 of 2 (50%) |" in (tmp_path / "ablation.md").read_text()
