@@ -268,20 +268,20 @@ def warm_start(cfg: RLConfig, tasks: list[Task], backend: str, verdicts=None) ->
 
     ws = cfg.warm_start
     out = Path(cfg.output_dir) / "warm_start"
+    final = Path(ws.output_dir or out) / SFT_FINAL
+    trained = (final / "config.json").exists()
     data = ws.data
     if not data:
         records = warm_start_records(tasks, backend, cfg.one_shot, cfg.warm_start_examples)
         if not records:
             raise ValueError(f"no shipped {backend} solutions for the RL tasks to warm-start on")
-        sft_final = Path(ws.output_dir or out) / SFT_FINAL
-        if cfg.warm_start_repairs and not (sft_final / "config.json").exists():
+        if cfg.warm_start_repairs and not trained:  # verified for real: not again once trained
             records += repair_records(records, tasks, verdicts)
         write_records(out / "solutions.jsonl", records)
         data = [str(out / "solutions.jsonl")]
-    sft = replace(ws, output_dir=ws.output_dir or str(out), seed=cfg.seed if ws.seed is None else ws.seed, data=data)
-    final = Path(sft.output_dir) / SFT_FINAL
-    if not (final / "config.json").exists():
-        train_sft(sft)
+    if not trained:
+        train_sft(replace(ws, output_dir=ws.output_dir or str(out), seed=cfg.seed if ws.seed is None else ws.seed,
+                          data=data))
     return str(final)
 
 
